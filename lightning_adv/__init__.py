@@ -1,0 +1,25 @@
+"""lightning_adv: configurable, validated and fast advantage computation for PPO-family
+trainers of language-model policies, on PyTorch Lightning."""
+
+from lightning_adv.config import (
+    ActorConfig, AdvantageConfig, NormConfig, PRMAdvantageShapingConfig, StageSpec)
+from lightning_adv.contracts import (
+    AdvantageContractError, AdvantageInputs, AdvantageResult, OutcomeResult, OutcomeRewardInputs,
+    ProcessAdvantageInputs, TemporalInputs, TemporalResult)
+from lightning_adv.kernels import compute_token_gae, compute_turn_gae
+from lightning_adv.lambdas import (
+    GAELambdaContext, GAELambdaInputs, compute_gae_lambda, constant_gae_lambda,
+    relative_position_gae_lambda, vapo_length_adaptive_gae)
+from lightning_adv.meta import BatchMeta, RolloutGroup, TrajBatchMeta, concat_batch, split_batch
+from lightning_adv.module import AdvantageModule
+from lightning_adv.rollout import DroppedOutcomeRewardWarning
+
+__all__ = [
+    "ActorConfig", "NormConfig", "AdvantageConfig", "StageSpec", "PRMAdvantageShapingConfig",
+    "BatchMeta", "TrajBatchMeta", "RolloutGroup", "concat_batch", "split_batch",
+    "AdvantageModule", "OutcomeRewardInputs", "OutcomeResult", "TemporalInputs",
+    "TemporalResult", "ProcessAdvantageInputs", "AdvantageInputs", "AdvantageResult",
+    "GAELambdaContext", "GAELambdaInputs", "compute_gae_lambda", "compute_token_gae",
+    "compute_turn_gae", "constant_gae_lambda", "vapo_length_adaptive_gae",
+    "relative_position_gae_lambda", "AdvantageContractError", "DroppedOutcomeRewardWarning",
+]

@@ -1,0 +1,394 @@
+"""Configuration of the advantage pipeline (SPEC §2).
+
+Every dataclass here is frozen, holds only strings and JSON values, and validates itself
+when built, so a bad YAML fails before any worker starts. Field names follow AReaL's
+``PPOActorConfig`` so existing configs keep working. Errors name the key as it appears
+in the YAML tree (``actor.advantage.estimator``) and the value that was given.
+
+Nested configs may be given as plain mappings (``reward_norm={"mean_level": "group"}``);
+they are converted on construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+NORM_LEVELS = ("batch", "group", None)
+KL_ESTIMATORS = ("k1", "k2", "k3")
+TIMESTEP_UNITS = ("token", "turn")
+PRM_MODES = ("additive", "gvpo", "process_weighted")
+DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
+
+#: Built-in implementations of each stage and the keyword arguments each one accepts.
+BUILTIN_STAGES: dict[str, dict[str, frozenset[str]]] = {
+    "compute": {"default": frozenset()},
+    "outcome_reward_shaping": {"auto": frozenset(), "identity": frozenset()},
+    "estimator": {"auto": frozenset(), "token_gae": frozenset(), "turn_gae": frozenset()},
+    "process_adv_shaping": {
+        "auto": frozenset(),
+        "additive": frozenset(),
+        "gvpo": frozenset({"negative_scale", "zero_penalty", "zero_eps"}),
+        "process_weighted": frozenset(),
+    },
+}
+
+_DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def is_dotted_path(name: str) -> bool:
+    """True for ``pkg.module.attr``-shaped strings (at least one dot, identifiers only)."""
+    return bool(_DOTTED_PATH.match(name))
+
+
+def _fail(key: str, expected: str, got: Any) -> None:
+    raise ValueError(f"{key}: expected {expected}, got {got!r}")
+
+
+def _check_number(key: str, value: Any, *, minimum: float | None = None,
+                  maximum: float | None = None, allow_inf: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(key, "a number", value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        _fail(key, "a finite number", value)
+    if minimum is not None and value < minimum:
+        _fail(key, f"a number >= {minimum}", value)
+    if maximum is not None and value > maximum:
+        _fail(key, f"a number <= {maximum}", value)
+
+
+def _check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(key, "true or false", value)
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        shown = ", ".join("null" if c is None else repr(c) for c in choices)
+        _fail(key, f"one of {shown}", value)
+
+
+def check_json_kwargs(key: str, kwargs: Any) -> None:
+    """Kwargs must be a string-keyed mapping that survives a JSON round trip unchanged."""
+    if not isinstance(kwargs, Mapping):
+        _fail(key, "a mapping of keyword arguments", kwargs)
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            _fail(key, "keyword names that are Python identifiers", name)
+    try:
+        round_trip = json.loads(json.dumps(dict(kwargs), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{key}: expected JSON values only (strings, finite numbers, "
+                         f"booleans, null, lists, mappings), got {dict(kwargs)!r}: {exc}") from None
+    if round_trip != dict(kwargs):
+        raise ValueError(f"{key}: expected JSON values only (tuples, sets and other Python "
+                         f"objects do not survive saving the config), got {dict(kwargs)!r}")
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """How rewards or advantages are centred and scaled (SPEC §3, "Normalization")."""
+
+    mean_level: Optional[Literal["batch", "group"]] = "batch"
+    """where the mean is taken: "batch", "group" (per prompt) or null (no centring)"""
+    mean_leave1out: bool = False
+    """subtract the mean of the other members (leave-one-out baseline) instead of the mean"""
+    std_level: Optional[Literal["batch", "group"]] = "batch"
+    """where the std is taken: "batch", "group" (per prompt) or null (no scaling)"""
+    std_unbiased: bool = True
+    """use the unbiased (n-1) standard deviation"""
+    eps: float = 1e-5
+    """added to the std before dividing"""
+    group_size: int = 1
+    """rows per group when the batch carries no metadata (fixed-size slices)"""
+
+    def __post_init__(self) -> None:
+        self.validate("NormConfig")
+
+    def validate(self, key: str) -> None:
+        _check_choice(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
+        _check_choice(f"{key}.std_level", self.std_level, NORM_LEVELS)
+        _check_bool(f"{key}.mean_leave1out", self.mean_leave1out)
+        _check_bool(f"{key}.std_unbiased", self.std_unbiased)
+        _check_number(f"{key}.eps", self.eps, minimum=0.0)
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            _fail(f"{key}.group_size", "a positive integer", self.group_size)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of the pipeline: a built-in name or a dotted import path, plus kwargs."""
+
+    implementation: str = "auto"
+    """built-in name ("auto", "token_gae", ...) or dotted path of a function (pkg.mod.fn)"""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments bound to the function; JSON values only"""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.implementation, str) or not self.implementation:
+            _fail("StageSpec.implementation", "a non-empty string", self.implementation)
+        if self.kwargs is None:
+            _set(self, "kwargs", {})
+        check_json_kwargs("StageSpec.kwargs", self.kwargs)
+        _set(self, "kwargs", dict(self.kwargs))
+
+    @property
+    def is_builtin(self) -> bool:
+        return not is_dotted_path(self.implementation)
+
+
+def _stage(key: str, value: Any) -> StageSpec | None:
+    if value is None or isinstance(value, StageSpec):
+        return value
+    if isinstance(value, str):
+        return StageSpec(value)
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"implementation", "kwargs"}
+        if unknown:
+            _fail(key, "only the keys 'implementation' and 'kwargs'", sorted(unknown))
+        try:
+            return StageSpec(**value)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    _fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """The stage tree of the design note: a whole-computation function, or per-stage ones."""
+
+    compute: StageSpec = field(default_factory=lambda: StageSpec("default"))
+    """the whole computation: "default" (the staged pipeline) or a dotted path replacing it"""
+    outcome_reward_shaping: Optional[StageSpec] = None
+    """outcome shaping: null/auto/identity or a dotted path; gets OutcomeRewardInputs"""
+    estimator: Optional[StageSpec] = None
+    """temporal estimator: null/auto (follow gae_timestep_unit), token_gae, turn_gae or a dotted path"""
+    process_adv_shaping: Optional[StageSpec] = None
+    """process shaping: null/auto (call-time PRM mode, else additive), additive, gvpo, process_weighted or a dotted path"""
+
+    def __post_init__(self) -> None:
+        self.validate("advantage")
+
+    def validate(self, key: str) -> None:
+        compute = _stage(f"{key}.compute", self.compute) or StageSpec("default")
+        _set(self, "compute", compute)
+        for name in ("outcome_reward_shaping", "estimator", "process_adv_shaping"):
+            _set(self, name, _stage(f"{key}.{name}", getattr(self, name)))
+        for name in BUILTIN_STAGES:
+            spec = getattr(self, name)
+            if spec is not None:
+                _check_stage_spec(f"{key}.{name}", name, spec)
+        if self.is_replaced:
+            staged = [n for n in ("outcome_reward_shaping", "estimator", "process_adv_shaping")
+                      if getattr(self, n) is not None]
+            if staged:
+                raise ValueError(
+                    f"{key}.compute: a full replacement ({compute.implementation!r}) cannot be "
+                    f"combined with stage configuration; set {', '.join(f'{key}.{n}' for n in staged)} "
+                    f"to null or use compute: default")
+
+    @property
+    def is_replaced(self) -> bool:
+        """True when ``compute`` names a user function instead of the default pipeline."""
+        return self.compute.implementation != "default"
+
+
+def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
+    builtins = BUILTIN_STAGES[stage]
+    impl = spec.implementation
+    if impl in builtins:
+        accepted = builtins[impl]
+        extra = sorted(set(spec.kwargs) - accepted)
+        if extra:
+            takes = f"only {sorted(accepted)}" if accepted else "no kwargs"
+            raise ValueError(f"{key}: built-in {impl!r} takes {takes}, got kwargs {extra}")
+        if impl == "gvpo":
+            for name, value in spec.kwargs.items():
+                _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
+        return
+    if not is_dotted_path(impl):
+        names = ", ".join(builtins)
+        _fail(key, f"one of {names} or a dotted import path (my_pkg.my_mod.fn)", impl)
+
+
+@dataclass(frozen=True)
+class PRMAdvantageShapingConfig:
+    """Legacy call-time selection of process advantage shaping (``module(batch, meta, prm=...)``).
+
+    It is checked when the module uses it, not when it is built: legacy callers build one
+    per call, and its GVPO values matter only when GVPO shaping actually runs.
+    """
+
+    mode: Literal["additive", "gvpo", "process_weighted"] = "additive"
+    """shaping applied to direct token rewards: additive, gvpo or process_weighted"""
+    negative_scale: float = 0.2
+    """GVPO: extra weight (1 + b) on negative advantages of failed tokens"""
+    zero_penalty: float = 0.4
+    """GVPO: penalty given to failed tokens whose advantage is about zero"""
+    zero_eps: float = 1e-6
+    """GVPO: |advantage| <= zero_eps counts as zero"""
+
+    def gvpo_kwargs(self) -> dict[str, float]:
+        return {"negative_scale": self.negative_scale, "zero_penalty": self.zero_penalty,
+                "zero_eps": self.zero_eps}
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """Actor options that shape advantages (SPEC §2). Parsed under ``model.actor``."""
+
+    reward_bias: float = 0.0
+    """added to each outcome reward before scaling"""
+    reward_scaling: float = 1.0
+    """multiplies the biased outcome reward"""
+    reward_clip: float = 20.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    reward_norm: Optional[NormConfig] = None
+    """normalization of outcome rewards (null: off)"""
+    adv_norm: Optional[NormConfig] = None
+    """normalization of advantages over active tokens (null: off)"""
+    kl_ctl: float = 0.1
+    """KL penalty coefficient (0 disables the penalty)"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimator between old and reference log-probs: k1, k2 or k3"""
+    discount: float = 1.0
+    """discount factor gamma"""
+    gae_lambda: Union[float, str] = 1.0
+    """GAE lambda: a number in [0, 1] or the dotted path of a per-row lambda function"""
+    gae_lambda_kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments of the lambda function (ignored for a number)"""
+    gae_timestep_unit: Literal["token", "turn"] = "token"
+    """GAE timestep for the auto estimator: "token" or "turn" (needs turn_ids)"""
+    mask_no_eos_with_zero: bool = False
+    """zero the outcome and token rewards of truncated rows (no EOS)"""
+    token_rewards_as_adv: bool = True
+    """process rewards shape advantages after normalization (true) or are folded into GAE rewards (false)"""
+    overlong_reward_penalty: bool = False
+    """apply the DAPO overlong length penalty to outcome rewards"""
+    overlong_tokens: Optional[int] = None
+    """length of the soft penalty window before max_new_tokens"""
+    overlong_penalty_factor: Optional[float] = None
+    """penalty at max_new_tokens (grows linearly over the window and beyond)"""
+    max_new_tokens: int = 1024
+    """generation budget the length penalty refers to"""
+    use_decoupled_loss: bool = False
+    """decoupled PPO: prox_logp is passed through untouched"""
+    recompute_logprob: bool = False
+    """use the recomputed prox_logp as old log-probs (when not decoupled)"""
+    dropped_outcome_reward: Literal["warn", "raise", "ignore"] = "warn"
+    """when an outcome reward lands on an inactive position (and never reaches GAE): warn, raise or ignore"""
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """the stage tree (compute, outcome_reward_shaping, estimator, process_adv_shaping)"""
+
+    def __post_init__(self) -> None:
+        self.validate("actor")
+
+    def validate(self, key: str) -> None:
+        for name in ("reward_norm", "adv_norm"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                value = _build(NormConfig, f"{key}.{name}", value)
+                _set(self, name, value)
+            elif value is not None and not isinstance(value, NormConfig):
+                _fail(f"{key}.{name}", "null or a NormConfig mapping", value)
+            if value is not None:
+                value.validate(f"{key}.{name}")
+        advantage = self.advantage
+        if advantage is None:
+            advantage = AdvantageConfig()
+        elif isinstance(advantage, Mapping):
+            advantage = _build(AdvantageConfig, f"{key}.advantage", advantage)
+        elif not isinstance(advantage, AdvantageConfig):
+            _fail(f"{key}.advantage", "an AdvantageConfig mapping", advantage)
+        advantage.validate(f"{key}.advantage")
+        _set(self, "advantage", advantage)
+
+        _check_number(f"{key}.reward_bias", self.reward_bias)
+        _check_number(f"{key}.reward_scaling", self.reward_scaling)
+        _check_number(f"{key}.reward_clip", self.reward_clip, minimum=0.0, allow_inf=True)
+        _check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
+        _check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _check_number(f"{key}.discount", self.discount, minimum=0.0, maximum=1.0)
+        _check_choice(f"{key}.gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
+        _check_choice(f"{key}.dropped_outcome_reward", self.dropped_outcome_reward,
+                      DROPPED_OUTCOME_ACTIONS)
+        for name in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty",
+                     "use_decoupled_loss", "recompute_logprob"):
+            _check_bool(f"{key}.{name}", getattr(self, name))
+
+        if isinstance(self.gae_lambda, str):
+            if not is_dotted_path(self.gae_lambda):
+                _fail(f"{key}.gae_lambda", "a number in [0, 1] or a dotted function path "
+                      "(lightning_adv.vapo_length_adaptive_gae)", self.gae_lambda)
+            check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
+        else:
+            _check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
+            if not isinstance(self.gae_lambda_kwargs, Mapping):
+                _fail(f"{key}.gae_lambda_kwargs", "a mapping", self.gae_lambda_kwargs)
+        _set(self, "gae_lambda_kwargs", dict(self.gae_lambda_kwargs or {}))
+
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            _fail(f"{key}.max_new_tokens", "a positive integer", self.max_new_tokens)
+        if self.overlong_reward_penalty:
+            tokens, factor = self.overlong_tokens, self.overlong_penalty_factor
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+                _fail(f"{key}.overlong_tokens", "a positive integer when overlong_reward_penalty "
+                      "is on", tokens)
+            if factor is None:
+                _fail(f"{key}.overlong_penalty_factor", "a number when overlong_reward_penalty "
+                      "is on", factor)
+            _check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
+
+        process = advantage.process_adv_shaping
+        if process is not None and process.implementation in ("gvpo", "process_weighted"):
+            check_process_mode(f"{key}.advantage.process_adv_shaping", process.implementation, self)
+
+    @property
+    def estimator_unit(self) -> str:
+        """Timestep unit of the built-in estimator that actually runs."""
+        spec = self.advantage.estimator
+        if spec is not None and spec.implementation == "token_gae":
+            return "token"
+        if spec is not None and spec.implementation == "turn_gae":
+            return "turn"
+        return self.gae_timestep_unit
+
+
+def check_process_mode(key: str, mode: str, config: ActorConfig) -> None:
+    """Preconditions of the built-in process modes (SPEC §2)."""
+    if mode in ("gvpo", "process_weighted") and not config.token_rewards_as_adv:
+        raise ValueError(f"{key}: {mode!r} advantage shaping requires "
+                         f"actor.token_rewards_as_adv=true (process rewards must stay direct), "
+                         f"got token_rewards_as_adv=false")
+    if mode == "process_weighted" and config.mask_no_eos_with_zero:
+        raise ValueError(f"{key}: 'process_weighted' advantage shaping requires "
+                         f"actor.mask_no_eos_with_zero=false, got true")
+
+
+def check_gvpo_kwargs(key: str, kwargs: Mapping[str, Any]) -> None:
+    for name in ("negative_scale", "zero_penalty", "zero_eps"):
+        value = kwargs[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{key}: GVPO {name} must be finite and non-negative, got {value!r}")
+
+
+def _build(cls: type, key: str, values: Mapping[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None

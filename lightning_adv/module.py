@@ -1,0 +1,277 @@
+"""``AdvantageModule``: the advantage pipeline of the design note as a ``torch.nn.Module``.
+
+The stages are child modules (``outcome``, ``estimator``, ``process``; or ``compute`` for
+a full replacement). :meth:`AdvantageModule.compute_default` holds the pipeline order;
+each stage is reached through one overridable method, so a subclass can replace a stage
+by overriding ``shape_outcome``, ``estimate`` or ``shape_process`` (or ``forward``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_adv.config import ActorConfig, PRM_MODES, PRMAdvantageShapingConfig, check_process_mode
+from lightning_adv.contracts import (
+    AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageCall,
+    TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
+    check_process_result, check_temporal_result, read_only)
+from lightning_adv.lambdas import resolve_lambda_fn
+from lightning_adv.meta import BatchMeta
+from lightning_adv.normalization import affine_parameters, any_across_ranks, normalize
+from lightning_adv.rollout import (
+    AlignedBatch, RolloutInfo, align_batch, apply_length_penalty, place_outcome, temporal_inputs,
+    validate_batch)
+from lightning_adv.stages import Stage, process, resolve_stage
+
+
+class AdvantageModule(nn.Module):
+    """Computes advantages, returns and rewards for a rollout batch (SPEC §3, §5).
+
+    ``module(batch, meta=None, *, prm=None)`` returns a new dict: the input keys plus
+    ``advantages``, ``returns``, ``loss_mask`` (aligned float), ``logprobs`` (aligned,
+    masked), ``rewards`` (outcome rewards after the length penalty and outcome shaping),
+    ``tot_rewards``, ``kl_rewards``, ``is_truncated``, ``input_token_loss_mask`` (the
+    unshifted mask), ``prox_logp`` (unless decoupled), ``ref_logp`` (masked, when given)
+    and ``mopd_behavior_logprobs`` (under MOPD). Input tensors are never modified; keys the
+    pipeline does not produce are passed through as the same tensor objects.
+
+    Everything runs under ``torch.no_grad()``: advantages and returns are targets.
+    """
+
+    def __init__(self, config: ActorConfig | Mapping[str, Any] | None = None):
+        super().__init__()
+        if config is None:
+            config = ActorConfig()
+        elif isinstance(config, Mapping):
+            config = ActorConfig(**config)
+        elif not isinstance(config, ActorConfig):
+            raise TypeError(f"AdvantageModule: expected an ActorConfig, got {type(config).__name__}")
+        self.config = config
+        advantage = config.advantage
+        if advantage.is_replaced:
+            self.compute = resolve_stage("compute", advantage.compute, config)
+        else:
+            self.outcome = resolve_stage("outcome_reward_shaping",
+                                         advantage.outcome_reward_shaping, config)
+            self.estimator = resolve_stage("estimator", advantage.estimator, config)
+            self.process = resolve_stage("process_adv_shaping", advantage.process_adv_shaping, config)
+        if isinstance(config.gae_lambda, str):
+            resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
+
+    # ------------------------------------------------------------------ entry point
+
+    @torch.no_grad()
+    def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
+                prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
+        info = validate_batch(batch, meta, self.config)
+        self._check_prm(prm)
+        if self.config.advantage.is_replaced:
+            return self.compute_replacement(batch, meta, prm, info)
+        return self.compute_default(batch, meta, prm, info)
+
+    def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                        prm: Optional[PRMAdvantageShapingConfig], info: RolloutInfo) -> dict[str, Any]:
+        """The default pipeline, in the design note's order."""
+        config = self.config
+        penalized = apply_length_penalty(batch["rewards"], batch["loss_mask"], config)
+        data = read_only({**batch, "rewards": penalized})
+        outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
+        scores = self.normalize_rewards(outcome, batch["rewards"], meta)
+        aligned = align_batch(batch, info, config, self._turn_ids_needed_by())
+        outcome_rewards = place_outcome(scores, aligned, config)
+        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
+        advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
+        advantages = self.shape_process(ProcessAdvantageInputs(
+            advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)
+        return self._output(batch, aligned, advantages, temporal, outcome.rewards)
+
+    # ------------------------------------------------------------------ stages
+
+    def shape_outcome(self, inputs: OutcomeRewardInputs) -> OutcomeResult:
+        """Outcome shaping stage: one reward per row (and optional logical references)."""
+        rewards = inputs.data["rewards"]
+        return self._call(self.outcome, inputs, rewards.shape[0], 1, rewards.device,
+                          lambda call, result: check_outcome_result(
+                              call, result, _n_logical(inputs.meta)), task_rewards=rewards)
+
+    def estimate(self, inputs: TemporalInputs) -> TemporalResult:
+        """Temporal estimation stage: advantages, returns and total rewards."""
+        bs, width = inputs.loss_mask.shape
+        return self._call(self.estimator, inputs, bs, width, inputs.loss_mask.device,
+                          check_temporal_result)
+
+    def shape_process(self, inputs: ProcessAdvantageInputs,
+                      prm: Optional[PRMAdvantageShapingConfig] = None) -> Tensor:
+        """Process advantage shaping stage (SPEC §3 step 10)."""
+        stage = self.process
+        if stage.builtin:
+            mode = stage.implementation
+            if mode == "auto":
+                mode = prm.mode if prm is not None else "additive"
+            kwargs: dict[str, Any] = {}
+            if mode == "gvpo":
+                # Explicit GVPO kwargs override the call-time (legacy) values key by key.
+                legacy = prm if prm is not None else PRMAdvantageShapingConfig()
+                kwargs = {**legacy.gvpo_kwargs(), **stage.kwargs}
+            return process.BUILTINS[mode](inputs, **kwargs)
+        bs, width = inputs.advantages.shape
+        return self._call(stage, inputs, bs, width, inputs.advantages.device, check_process_result)
+
+    # ------------------------------------------------------------------ normalization
+
+    def normalize_rewards(self, outcome: OutcomeResult, task_rewards: Tensor,
+                          meta: Optional[BatchMeta]) -> Tensor:
+        """Scaling, clipping and (rollout-aware) reward normalization (SPEC §3 step 3).
+
+        ``task_rewards`` are the rewards before the length penalty: rows of one logical
+        rollout must agree on them too when their references are derived.
+        """
+        config = self.config
+        scores = self._scale(outcome.rewards)
+        norm = config.reward_norm
+        if norm is None:
+            return scores
+        key = "actor.reward_norm"
+        if meta is None or meta.rollout_groups is None:
+            if outcome.normalization_rewards is not None:
+                raise ValueError(f"{self.outcome.where}: normalization_rewards need complete "
+                                 f"metadata (meta.rollout_groups from concat_batch)")
+            sizes = meta.traj_group_sizes if meta is not None else None
+            return normalize(scores, norm, group_sizes=sizes, key=key)
+        if norm.mean_level is None and norm.std_level is None:
+            return scores.float()
+        references, member = self._rollout_references(outcome, task_rewards, meta)
+        mean, scale = affine_parameters(self._scale(references), norm,
+                                        group_sizes=meta.logical_group_sizes, key=key)
+        if norm.std_level is not None:
+            # Logical groups whose references all agree would divide by eps.
+            scale = torch.where(scale <= 2 * norm.eps, torch.ones_like(scale), scale)
+        return ((scores - mean[member]) / scale[member]).float()
+
+    def _rollout_references(self, outcome: OutcomeResult, task_rewards: Tensor,
+                            meta: BatchMeta) -> tuple[Tensor, Tensor]:
+        """One reference reward per logical rollout, and each row's rollout index."""
+        rewards = outcome.rewards
+        device = rewards.device
+        counts = torch.tensor(meta.rollout_row_counts, device=device)
+        member = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)
+        if outcome.normalization_rewards is not None:
+            return outcome.normalization_rewards, member
+        explicit = meta.explicit_reference_rewards
+        supplied = torch.tensor([r is not None for r in explicit], device=device)
+        if bool(supplied.any()) and not self._identity_outcome():
+            raise ValueError(
+                f"{self.outcome.where}: the batch carries explicit reference rewards "
+                f"(meta.rollout_groups[*].rewards) and reward normalization is on, so the stage "
+                f"must return OutcomeResult.normalization_rewards (one value per logical "
+                f"rollout, before bias/scaling/clip)")
+        starts = counts.cumsum(0) - counts
+        dtype = torch.promote_types(rewards.dtype, torch.float32)
+        references = torch.where(
+            supplied, torch.tensor([0.0 if r is None else r for r in explicit], dtype=dtype,
+                                   device=device), rewards[starts].to(dtype))
+        agree = rewards.to(dtype) == references[member]
+        if self.config.overlong_reward_penalty:
+            agree &= task_rewards == task_rewards[starts][member]
+        disagree = ~supplied[member] & ~agree
+        if any_across_ranks(bool(disagree.any()), device):
+            rows = disagree.nonzero().flatten().tolist()
+            raise ValueError(
+                f"actor.reward_norm: rows {rows[:10]} of a split rollout have different rewards; "
+                f"supply an explicit reference reward (RolloutGroup.rewards) or return "
+                f"OutcomeResult.normalization_rewards from the outcome stage")
+        return references, member
+
+    def _scale(self, rewards: Tensor) -> Tensor:
+        c = self.config
+        return ((rewards + c.reward_bias) * c.reward_scaling).clamp(min=-c.reward_clip,
+                                                                    max=c.reward_clip)
+
+    def normalize_advantages(self, advantages: Tensor, loss_mask: Tensor,
+                             meta: Optional[BatchMeta]) -> Tensor:
+        """Advantage normalization over active tokens (SPEC §3 step 9)."""
+        norm = self.config.adv_norm
+        if norm is None:
+            return advantages
+        if meta is None:
+            return normalize(advantages, norm, loss_mask, key="actor.adv_norm")
+        return normalize(advantages, norm, loss_mask, group_sizes=meta.traj_group_sizes,
+                         member_counts=meta.logical_group_sizes, key="actor.adv_norm")
+
+    # ------------------------------------------------------------------ full replacement
+
+    def compute_replacement(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                            prm: Optional[PRMAdvantageShapingConfig],
+                            info: RolloutInfo) -> dict[str, Any]:
+        """Run the user's whole-computation function and merge its checked result."""
+        inputs = AdvantageInputs(read_only(batch), self.config, meta, prm)
+        mopd = batch.get("mopd_teacher_logp_sum") is not None
+        result = self._call(self.compute, inputs, info.batch_size, info.width, info.device,
+                            lambda call, r: check_advantage_result(call, r, mopd),
+                            task_rewards=batch["rewards"])
+        out = dict(batch)
+        out.update(advantages=result.advantages, returns=result.returns,
+                   loss_mask=result.loss_mask, logprobs=result.logprobs, rewards=result.rewards,
+                   tot_rewards=result.total_rewards, kl_rewards=result.kl_rewards)
+        out.update(result.extras)
+        return out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _call(self, stage: Stage, inputs: Any, bs: int, width: int, device: torch.device,
+              check: Callable[[StageCall, Any], Any], task_rewards: Optional[Tensor] = None) -> Any:
+        if stage.builtin:
+            return stage(inputs)
+        call = StageCall(stage.where, inputs, task_rewards, bs, width, device)
+        result = stage(inputs)
+        call.check_inputs_untouched()
+        return check(call, result)
+
+    def _identity_outcome(self) -> bool:
+        return self.outcome.builtin and self.outcome.implementation == "identity"
+
+    def _turn_ids_needed_by(self) -> Optional[str]:
+        if self.estimator.builtin and self.estimator.implementation == "turn_gae":
+            spec = self.config.advantage.estimator
+            if spec is None or spec.implementation == "auto":
+                return "actor.gae_timestep_unit='turn' (estimator 'turn_gae')"
+            return "estimator 'turn_gae'"
+        return None
+
+    def _check_prm(self, prm: Any) -> None:
+        if prm is None:
+            return
+        if not isinstance(prm, PRMAdvantageShapingConfig):
+            raise TypeError(f"prm: expected a PRMAdvantageShapingConfig or None, got "
+                            f"{type(prm).__name__}")
+        if prm.mode not in PRM_MODES:
+            raise ValueError(f"prm.mode: expected one of {', '.join(PRM_MODES)}, got {prm.mode!r}")
+        if self.config.advantage.is_replaced:
+            return
+        if self.process.builtin and self.process.implementation == "auto":
+            check_process_mode("prm.mode", prm.mode, self.config)
+
+    def _output(self, batch: Mapping[str, Any], aligned: AlignedBatch, advantages: Tensor,
+                temporal: TemporalResult, rewards: Tensor) -> dict[str, Any]:
+        out = dict(batch)
+        out.update(advantages=advantages, returns=temporal.returns, loss_mask=aligned.loss_mask,
+                   logprobs=aligned.old_logp, rewards=rewards,
+                   tot_rewards=temporal.total_rewards, kl_rewards=aligned.kl_rewards,
+                   is_truncated=aligned.is_truncated, input_token_loss_mask=batch["loss_mask"])
+        if aligned.prox_logp is not None:
+            out["prox_logp"] = aligned.prox_logp.clone()
+        if batch.get("ref_logp") is not None:
+            out["ref_logp"] = aligned.ref_logp
+        if aligned.mopd_behavior_logprobs is not None:
+            out["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
+        return out
+
+
+def _n_logical(meta: Optional[BatchMeta]) -> Optional[int]:
+    if meta is None or meta.rollout_groups is None:
+        return None
+    return sum(meta.logical_group_sizes)

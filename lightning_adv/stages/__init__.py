@@ -1,0 +1,74 @@
+"""Stage families and their resolution from the config.
+
+A :class:`Stage` is a child module of :class:`~lightning_adv.AdvantageModule` wrapping one
+resolved function and its bound kwargs, so ``print(module)`` shows the pipeline. Names
+resolve once, when the module is built (on every worker): a built-in name maps to the
+family's function, a dotted path is imported and its signature checked against the
+kwargs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+from torch import nn
+
+from lightning_adv.config import ActorConfig, StageSpec
+from lightning_adv.resolve import resolve_callable
+from lightning_adv.stages import estimators, outcome, process
+
+#: Built-in functions of each stage family, by name.
+FAMILIES: dict[str, dict[str, Callable[..., Any]]] = {
+    "outcome_reward_shaping": outcome.BUILTINS,
+    "estimator": estimators.BUILTINS,
+    "process_adv_shaping": process.BUILTINS,
+    "compute": {},
+}
+
+
+class Stage(nn.Module):
+    """One stage of the pipeline: ``fn(inputs, **kwargs)``.
+
+    ``builtin`` stages are trusted; user stages are called through the contract checks of
+    :mod:`lightning_adv.contracts` by the module.
+    """
+
+    def __init__(self, family: str, implementation: str, fn: Optional[Callable[..., Any]],
+                 kwargs: dict[str, Any], builtin: bool):
+        super().__init__()
+        self.family = family
+        self.implementation = implementation
+        self.fn = fn
+        self.kwargs = dict(kwargs)
+        self.builtin = builtin
+
+    @property
+    def where(self) -> str:
+        """How errors name this stage: ``advantage.estimator 'my_pkg.est'``."""
+        return f"advantage.{self.family} {self.implementation!r}"
+
+    def forward(self, inputs: Any, **call_kwargs: Any) -> Any:
+        return self.fn(inputs, **{**self.kwargs, **call_kwargs})
+
+    def extra_repr(self) -> str:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{self.implementation}({kwargs})" if kwargs else self.implementation
+
+
+def resolve_stage(family: str, spec: Optional[StageSpec], config: ActorConfig) -> Stage:
+    """Turn the config entry of one stage into a :class:`Stage` (``None`` means ``auto``)."""
+    spec = spec or StageSpec("auto")
+    name = spec.implementation
+    builtins = FAMILIES[family]
+    if not spec.is_builtin:
+        fn = resolve_callable(name, spec.kwargs, f"actor.advantage.{family}")
+        return Stage(family, name, fn, spec.kwargs, builtin=False)
+    if name == "auto":
+        if family == "outcome_reward_shaping":
+            name = "identity"
+        elif family == "estimator":
+            name = "turn_gae" if config.gae_timestep_unit == "turn" else "token_gae"
+        else:  # the process mode is picked per call (call-time PRM selection, else additive)
+            return Stage(family, "auto", None, {}, builtin=True)
+    return Stage(family, name, builtins[name], spec.kwargs, builtin=True)

@@ -1,0 +1,38 @@
+"""Temporal estimators: per-step rewards and values in, advantages and returns out."""
+
+from __future__ import annotations
+
+from lightning_adv.contracts import TemporalInputs, TemporalResult
+from lightning_adv.kernels import compute_token_gae, compute_turn_gae
+from lightning_adv.lambdas import compute_gae_lambda
+
+
+def _with_process(rewards, inputs: TemporalInputs):
+    return rewards if inputs.process_rewards is None else rewards + inputs.process_rewards
+
+
+def token_gae(inputs: TemporalInputs) -> TemporalResult:
+    """GAE over generated tokens. The KL penalty is part of each step's reward, so it is
+    discounted inside the recursion and included in the critic's returns."""
+    rewards = _with_process(inputs.kl_rewards + inputs.outcome_rewards, inputs)
+    advantages, returns = compute_token_gae(
+        rewards, inputs.values, inputs.loss_mask,
+        bootstrap_values=inputs.bootstrap_values * inputs.is_truncated,
+        discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "token"))
+    return TemporalResult(advantages, returns, rewards)
+
+
+def turn_gae(inputs: TemporalInputs) -> TemporalResult:
+    """GAE over generated turns. The token KL penalty is added to the actor's advantages
+    after the recursion, undiscounted, and stays out of the critic's returns."""
+    if inputs.turn_ids is None:
+        raise ValueError("estimator 'turn_gae': rollout batch has no 'turn_ids'")
+    rewards = _with_process(inputs.outcome_rewards, inputs)
+    advantages, returns = compute_turn_gae(
+        rewards, inputs.values, inputs.loss_mask, inputs.turn_ids,
+        bootstrap_values=inputs.bootstrap_values * inputs.is_truncated,
+        discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "turn"))
+    return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
+
+
+BUILTINS = {"token_gae": token_gae, "turn_gae": turn_gae}
