@@ -36,8 +36,8 @@ def actor_config(case: dict) -> ActorConfig:
     return ActorConfig(**cfg)
 
 
-def run_case(case: dict):
-    """Run one case exactly as the reference README drives it; returns (out, trajectories)."""
+def build_case(case: dict):
+    """The module, batch, meta and prm of one case, built as the reference README says."""
     trajs = copy.deepcopy(case["trajectories"])
     for t in trajs:
         if t.get("rollout_group") is not None:
@@ -49,7 +49,13 @@ def run_case(case: dict):
                                     zero_penalty=call["gvpo_zero_penalty"],
                                     zero_eps=call["gvpo_zero_eps"])
     batch, meta = concat_batch(trajs)
-    return AdvantageModule(actor_config(case))(batch, meta, prm=prm), batch
+    return AdvantageModule(actor_config(case)), batch, meta, prm
+
+
+def run_case(case: dict):
+    """Run one case exactly as the reference README drives it; returns (out, batch)."""
+    module, batch, meta, prm = build_case(case)
+    return module(batch, meta, prm=prm), batch
 
 
 def mismatches(out: dict, expected: dict, tol: float = 1e-5) -> list[str]:
