@@ -30,8 +30,18 @@ DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
 #: Built-in implementations of each stage and the keyword arguments each one accepts.
 BUILTIN_STAGES: dict[str, dict[str, frozenset[str]]] = {
     "compute": {"default": frozenset()},
-    "outcome_reward_shaping": {"auto": frozenset(), "identity": frozenset()},
-    "estimator": {"auto": frozenset(), "token_gae": frozenset(), "turn_gae": frozenset()},
+    "outcome_reward_shaping": {
+        "auto": frozenset(),
+        "identity": frozenset(),
+        "opo_baseline": frozenset(),
+        "gpg": frozenset({"std_normalize", "eps"}),
+    },
+    "estimator": {
+        "auto": frozenset(),
+        "token_gae": frozenset(),
+        "turn_gae": frozenset(),
+        "reinforce": frozenset(),
+    },
     "process_adv_shaping": {
         "auto": frozenset(),
         "additive": frozenset(),
@@ -232,8 +242,10 @@ def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
         if extra:
             takes = f"only {sorted(accepted)}" if accepted else "no kwargs"
             raise ValueError(f"{key}: built-in {impl!r} takes {takes}, got kwargs {extra}")
-        if impl == "gvpo":
-            for name, value in spec.kwargs.items():
+        for name, value in spec.kwargs.items():
+            if name == "std_normalize":
+                _check_bool(f"{key}.kwargs.{name}", value)
+            else:  # every other built-in kwarg is a non-negative finite number
                 _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
         return
     if not is_dotted_path(impl):
