@@ -12,12 +12,17 @@ from lightning_adv import (
     ActorConfig, AdvantageModule, NormConfig, PRMAdvantageShapingConfig, RolloutGroup, concat_batch)
 
 REPO = Path(__file__).resolve().parents[1]
-CASES_DIR = Path(os.environ.get("LIGHTNING_ADV_REFERENCE_CASES",
-                                REPO.parent / "shared" / "reference" / "cases"))
+# The cases are vendored under tests/data so a clean checkout can run them; when the
+# shared reference folder sits beside the checkout, its (possibly newer) cases join in.
+VENDORED = REPO / "tests" / "data" / "reference_cases"
+SHARED = Path(os.environ.get("LIGHTNING_ADV_REFERENCE_CASES",
+                             REPO.parent / "shared" / "reference" / "cases"))
 
 
 def case_paths() -> list[Path]:
-    return sorted(CASES_DIR.glob("*.pt"))
+    cases = {p.name: p for p in sorted(VENDORED.glob("*.pt"))}
+    cases.update({p.name: p for p in sorted(SHARED.glob("*.pt"))})
+    return [cases[name] for name in sorted(cases)]
 
 
 def load_case(path: Path) -> dict:

@@ -11,7 +11,7 @@ CASES = case_paths()
 
 
 def test_reference_cases_are_present():
-    assert len(CASES) >= 30, "the recorded cases in ../shared/reference/cases are missing"
+    assert len(CASES) >= 30, "the recorded reference cases are missing"
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
