@@ -17,7 +17,7 @@ import torch
 
 from batches import rows_batch
 from lightning_adv import (
-    ActorConfig, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup,
+    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup,
     concat_batch)
 
 
@@ -204,6 +204,27 @@ CATALOGUE = [
 ]
 
 
+def _stage_result(stage, name, field, expected):
+    import test_contracts
+
+    def run():
+        batch = test_contracts.batch()
+        if name == "compute_int_rewards_changed":
+            batch["rewards"] = torch.tensor([1, 2])
+        return test_contracts.module(stage, name)(batch)
+    return Bad(f"stage-{name.replace('_', '-')}", run, AdvantageContractError,
+               (f"advantage.{stage} 'test_contracts.{name}'", field, expected))
+
+
+def _contract_entries():
+    import test_contracts
+    return [_stage_result(*violation) for violation in test_contracts.VIOLATIONS]
+
+
+# Stage results breaking each contract rule (the violating functions live in test_contracts).
+CATALOGUE += _contract_entries()
+
+
 def test_catalogue_has_at_least_forty_distinct_entries():
     ids = [b.id for b in CATALOGUE]
     assert len(ids) == len(set(ids)) and len(ids) >= 40
@@ -217,3 +238,10 @@ def test_bad_input_gives_one_clear_error(bad):
     message = str(err.value)
     for fragment in bad.fragments:
         assert fragment in message, f"{fragment!r} not in: {message}"
+
+
+def test_readme_troubleshooting_table_lists_every_entry():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [b.id for b in CATALOGUE if f"`{b.id}`" not in readme]
+    assert not missing, f"README troubleshooting table lacks {missing}"
