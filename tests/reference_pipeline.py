@@ -297,7 +297,12 @@ def reference_advantages(batch: dict, meta: Optional[BatchMeta] = None,
     integer_rewards = not rewards_in.is_floating_point()
 
     # ---- 1. length penalty (DAPO), into a copy -------------------------------------------
+    # An integer reward tensor becomes float32 when a float penalty is added to some row:
+    # where the row reaches the window (exceed >= 0, penalty <= 0), which is where the
+    # legacy code added a float tensor (and crashed on integer rewards). Rows short of the
+    # window get the integer 0 (recorded case int_rewards_overlong_short_rows_only).
     penalty = [0.0] * B
+    penalized_any = False
     if config.overlong_reward_penalty:
         expected = config.max_new_tokens - config.overlong_tokens
         for b in range(B):
@@ -305,7 +310,7 @@ def reference_advantages(batch: dict, meta: Optional[BatchMeta] = None,
             pen = f32(f32(-(generated - expected) / config.overlong_tokens)
                       * f32(config.overlong_penalty_factor))
             penalty[b] = min(pen, 0.0)
-    penalized_any = any(p < 0 for p in penalty)
+            penalized_any = penalized_any or generated - expected >= 0
     if rewards_in.dtype == torch.float64:
         rewards = [task_rewards[b] + penalty[b] for b in range(B)]
         rewards_dtype = torch.float64
@@ -570,6 +575,7 @@ def reference_advantages(batch: dict, meta: Optional[BatchMeta] = None,
 
     # ---- 10. process advantage shaping ---------------------------------------------------
     details["mode"], details["gvpo"], details["direct"] = mode, gvpo, direct
+    details["loss_mask"], details["values"] = m, values
     if direct is not None:
         advantages = shape_process(advantages, direct, m, mode, gvpo)
 
