@@ -48,8 +48,8 @@ def compare_outputs(got: dict, want: dict, details: dict) -> list[str]:
         if tuple(g.shape) != tuple(w.shape):
             problems.append(f"{key}: shape {tuple(g.shape)} != {tuple(w.shape)}")
             continue
-        if not g.is_floating_point():
-            problems.append(f"{key}: dtype {g.dtype}, expected a float tensor")
+        if g.dtype != w.dtype:
+            problems.append(f"{key}: dtype {g.dtype}, expected {w.dtype}")
             continue
         if key == "advantages":
             problems += compare_advantages(g, details)

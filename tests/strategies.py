@@ -56,6 +56,8 @@ def grid(lo: float, hi: float, step: float = 0.125) -> list[float]:
 REWARD_GRID = grid(-2.0, 2.0, 0.25)
 VALUE_GRID = grid(-2.0, 2.0)
 LOGP_GRID = grid(-3.0, 0.0)
+# a rare very unlikely token: |old - ref| > 10 reaches the KL clamp for every estimator
+LOGP_GRID_WIDE = LOGP_GRID + [-12.0]
 TOKEN_REWARD_GRID = grid(-1.0, 1.0, 0.25)
 UNIT_GRID = grid(0.0, 1.0, 0.25)
 JUNK_GRID = [-7.5, -3.25, 3.0, 4.5, 9.0]
@@ -288,12 +290,12 @@ def prompt_dicts(draw, features: Features, max_rows: int = 6) -> dict[str, Any]:
         attention.append([1] * L + [0] * (width - L))
         gen = [1 if k == "g" else 0 for k in kinds] + [0] * (width - L)
         loss_mask.append(gen)
-        lp = pick(draw, LOGP_GRID, width)
+        lp = pick(draw, LOGP_GRID_WIDE, width)
         off = pick(draw, JUNK_GRID, width) if junk else [0.0] * width
         logprobs.append([lp[t] if gen[t] else off[t] for t in range(width)])
         v = pick(draw, VALUE_GRID, width)
         values.append([v[t] if t < L else (off[t] if junk else 0.0) for t in range(width)])
-        r = pick(draw, LOGP_GRID, width)
+        r = pick(draw, LOGP_GRID_WIDE, width)
         ref.append([r[t] if t < L else off[t] for t in range(width)])
         p = pick(draw, LOGP_GRID, width)
         prox.append([p[t] if t < L else off[t] for t in range(width)])
@@ -355,7 +357,7 @@ def prompt_rewards(draw, features: Features, n: int):
     else:
         values = pick(draw, REWARD_GRID, n)
     group = None
-    if features.rollout_groups and draw(st.booleans()):
+    if features.rollout_groups and draw(st.integers(0, 2)) > 0:
         counts, left = [], n
         while left:
             c = draw(st.integers(1, left))

@@ -149,3 +149,53 @@ def test_reward_norm_zero_std_uses_scale_one():
     assert want["advantages"][:, 0].tolist() == [1.0, -1.0]
     assert torch.allclose(want["advantages"], got["advantages"], rtol=1e-5, atol=1e-5), \
         got["advantages"]
+
+
+# ----------------------------------------------------------------------------------------
+# the "rows of a split rollout must agree" rule (SPEC §3 step 3)
+# ----------------------------------------------------------------------------------------
+
+def split_rollout_batch(rewards, generated, refs=()):
+    """One prompt, one logical rollout over len(rewards) rows; row i generates
+    generated[i] tokens (prompt of one token, right-padded)."""
+    from lightning_adv import RolloutGroup
+    width = max(generated) + 2
+    rows = len(rewards)
+    loss_mask = torch.zeros(rows, width, dtype=torch.int64)
+    attention = torch.zeros(rows, width, dtype=torch.bool)
+    for i, n in enumerate(generated):
+        loss_mask[i, 1:1 + n] = 1
+        attention[i, :1 + n] = True
+    return concat_batch([{
+        "input_ids": attention.long(), "attention_mask": attention, "loss_mask": loss_mask,
+        "logprobs": torch.zeros(rows, width), "rewards": torch.tensor(rewards),
+        "rollout_group": RolloutGroup((rows,), tuple(refs)),
+    }, {
+        "input_ids": torch.ones(1, 3, dtype=torch.int64),
+        "attention_mask": torch.ones(1, 3, dtype=torch.bool),
+        "loss_mask": torch.tensor([[0, 1, 1]]), "logprobs": torch.zeros(1, 3),
+        "rewards": torch.tensor([0.5]),
+    }])
+
+
+PENALTY = dict(overlong_reward_penalty=True, overlong_tokens=2, overlong_penalty_factor=1.0,
+               max_new_tokens=4, reward_norm=NormConfig(mean_level="batch", std_level="batch"))
+
+
+@pytest.mark.parametrize("rewards,generated,refs,raises", [
+    ([1.0, 1.0], [1, 1], (), False),        # agree
+    ([1.0, 0.5], [1, 1], (), True),         # rows differ
+    ([1.0, 1.0], [1, 4], (), True),         # penalized rewards differ (row 1 penalized)
+    ([1.0, 1.5], [1, 3], (), True),         # penalized equal (1.0, 1.0), unpenalized differ
+    ([1.0, 0.5], [1, 4], (0.25,), False),   # an explicit reference bypasses the rule
+])
+def test_split_rollout_rows_must_agree(rewards, generated, refs, raises):
+    batch, meta = split_rollout_batch(rewards, generated, refs)
+    config = ActorConfig(**PENALTY)
+    if raises:
+        with pytest.raises(SpecError):
+            reference_advantages(batch, meta, config)
+        with pytest.raises((ValueError, RuntimeError)):
+            run_module(config, batch, meta, None)
+    else:
+        assert check_against_reference(config, batch, meta, None) == "ok"
