@@ -19,7 +19,7 @@ from tests.strategies import (
     actor_configs, divisors, features_for, prm_configs, prompt_dicts, rollout_cases, valid_prm,
     with_group_size)
 
-SETTINGS = settings(max_examples=60, deadline=None,
+SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -22,7 +22,7 @@ from tests.reference_compare import compare_outputs
 from tests.reference_pipeline import SpecError, reference_advantages
 from tests.strategies import RolloutCase, divisors, rollout_cases, with_group_size
 
-SETTINGS = settings(max_examples=120, deadline=None,
+SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
