@@ -329,8 +329,9 @@ class TaskConfig:
     """dotted path of fn(sample, **reward_kwargs) -> float replacing the task's own reward"""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments of the reward function"""
-    num_prompts: int = 4096
-    """prompts in the pool (one epoch); prompt i is drawn from (seed, i)"""
+    num_prompts: int = 100_000
+    """prompts in the pool (one epoch: num_prompts / ppo.prompts_per_step steps); prompt i is
+    drawn from (seed, i)"""
     seed: int = 0
     """seed of the prompt pool (independent of the training seed)"""
 
@@ -375,25 +376,19 @@ class TaskRuntime:
         else:
             self.reward_where = f"{self.where} reward"
             self._reward = self.task.reward
-        self._instances: dict[int, tuple[Any, list[int]]] = {}
 
     def instance(self, index: int) -> tuple[Any, list[int]]:
         """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first)."""
-        cached = self._instances.get(index)
-        if cached is None:
-            rng = random.Random(f"{self.config.seed}:{index}")
-            instance = self.task.make_instance(rng)
-            text = self.task.prompt(instance)
-            where = f"{self.where}: prompt of instance {index}"
-            if not isinstance(text, str) or not text:
-                raise TaskError(f"{where}: expected a non-empty string, got {text!r}")
-            if len(text) > self.task.max_prompt_len:
-                raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_prompt_len "
-                                 f"({self.task.max_prompt_len})")
-            cached = instance, [self.vocab.bos_id] + self.vocab.encode(text, where, TaskError)
-            if len(self._instances) < 100_000:
-                self._instances[index] = cached
-        return cached
+        rng = random.Random(f"{self.config.seed}:{index}")
+        instance = self.task.make_instance(rng)
+        text = self.task.prompt(instance)
+        where = f"{self.where}: prompt of instance {index}"
+        if not isinstance(text, str) or not text:
+            raise TaskError(f"{where}: expected a non-empty string, got {text!r}")
+        if len(text) > self.task.max_prompt_len:
+            raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_prompt_len "
+                            f"({self.task.max_prompt_len})")
+        return instance, [self.vocab.bos_id] + self.vocab.encode(text, where, TaskError)
 
     def reply(self, instance: Any, turns: Sequence[Turn], index: int) -> Optional[list[int]]:
         text = self.task.reply(instance, turns)
