@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_adv.config import (
-    ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs, is_dotted_path)
+    ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs, check_process_mode,
+    is_dotted_path)
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
 from lightning_adv.resolve import import_object, resolve_callable
@@ -212,7 +213,7 @@ class PPOModule(pl.LightningModule):
         self.ppo_config = _as(PPOConfig, ppo, "ppo")
         self.task_config = _as(TaskConfig, task, "task")
         self.prm_config = _as(PRMConfig, prm, "prm")
-        check_trainer_options(self.actor_config, self.ppo_config)
+        check_trainer_options(self.actor_config, self.ppo_config, self.prm_config)
         self.save_hyperparameters({
             "actor": dataclasses.asdict(self.actor_config),
             "policy": dataclasses.asdict(self.policy_config),
@@ -421,8 +422,13 @@ class PPOModule(pl.LightningModule):
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
 
 
-def check_trainer_options(actor: ActorConfig, ppo: PPOConfig) -> None:
-    """Actor options the built-in trainer cannot honour; errors name the key."""
+def check_trainer_options(actor: ActorConfig, ppo: PPOConfig, prm: PRMConfig) -> None:
+    """Combinations the trainer cannot run, caught before training; errors name the key."""
+    process = actor.advantage.process_adv_shaping
+    if prm.enabled and not actor.advantage.is_replaced and (
+            process is None or process.implementation == "auto"):
+        # The call-time mode is used: check it against the actor now, not at step 1.
+        check_process_mode("prm.advantage_shaping.mode", prm.advantage_shaping.mode, actor)
     if actor.use_decoupled_loss:
         raise ValueError("actor.use_decoupled_loss: the built-in trainer is synchronous (behaviour "
                          "and proximal policy are the same model), so the decoupled loss is not "
@@ -438,7 +444,7 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     ppo = _as(PPOConfig, values.get("ppo"), "ppo")
     task = _as(TaskConfig, values.get("task"), "task")
     prm = _as(PRMConfig, values.get("prm"), "prm")
-    check_trainer_options(actor, ppo)
+    check_trainer_options(actor, ppo, prm)
     TaskRuntime(task)
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
