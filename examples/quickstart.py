@@ -28,11 +28,16 @@ def prompt_group(seed: int, prompt_len: int, response_lens: list[int], rewards: 
     }
 
 
-def main() -> None:
-    batch, meta = concat_batch([
+def small_batch():
+    """Two prompts with three sampled responses each, as (batch, meta)."""
+    return concat_batch([
         prompt_group(0, prompt_len=3, response_lens=[4, 2, 5], rewards=[1.0, 0.0, 1.0]),
         prompt_group(1, prompt_len=2, response_lens=[3, 3, 1], rewards=[0.0, 0.0, 1.0]),
     ])
+
+
+def main() -> None:
+    batch, meta = small_batch()
     config = ActorConfig(discount=1.0, gae_lambda=0.95, kl_ctl=0.05,
                          reward_norm=NormConfig(mean_level="group", std_level="group"))
     module = AdvantageModule(config)

@@ -11,6 +11,8 @@ they are converted on construction.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import math
@@ -28,8 +30,18 @@ DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
 #: Built-in implementations of each stage and the keyword arguments each one accepts.
 BUILTIN_STAGES: dict[str, dict[str, frozenset[str]]] = {
     "compute": {"default": frozenset()},
-    "outcome_reward_shaping": {"auto": frozenset(), "identity": frozenset()},
-    "estimator": {"auto": frozenset(), "token_gae": frozenset(), "turn_gae": frozenset()},
+    "outcome_reward_shaping": {
+        "auto": frozenset(),
+        "identity": frozenset(),
+        "opo_baseline": frozenset(),
+        "gpg": frozenset({"std_normalize", "eps"}),
+    },
+    "estimator": {
+        "auto": frozenset(),
+        "token_gae": frozenset(),
+        "turn_gae": frozenset(),
+        "reinforce": frozenset(),
+    },
     "process_adv_shaping": {
         "auto": frozenset(),
         "additive": frozenset(),
@@ -94,6 +106,25 @@ def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
+# While a parent config builds a nested one from a mapping, the nested config skips its
+# own validation; the parent validates it with the full key (actor.advantage.estimator).
+_NESTED_BUILD = contextvars.ContextVar("lightning_adv_nested_build", default=False)
+
+
+@contextlib.contextmanager
+def _nested_build():
+    token = _NESTED_BUILD.set(True)
+    try:
+        yield
+    finally:
+        _NESTED_BUILD.reset(token)
+
+
+def _validate_unless_nested(obj: Any, key: str) -> None:
+    if not _NESTED_BUILD.get():
+        obj.validate(key)
+
+
 @dataclass(frozen=True)
 class NormConfig:
     """How rewards or advantages are centred and scaled (SPEC §3, "Normalization")."""
@@ -112,7 +143,7 @@ class NormConfig:
     """rows per group when the batch carries no metadata (fixed-size slices)"""
 
     def __post_init__(self) -> None:
-        self.validate("NormConfig")
+        _validate_unless_nested(self, "NormConfig")
 
     def validate(self, key: str) -> None:
         _check_choice(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
@@ -134,11 +165,14 @@ class StageSpec:
     """keyword arguments bound to the function; JSON values only"""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.implementation, str) or not self.implementation:
-            _fail("StageSpec.implementation", "a non-empty string", self.implementation)
         if self.kwargs is None:
             _set(self, "kwargs", {})
-        check_json_kwargs("StageSpec.kwargs", self.kwargs)
+        _validate_unless_nested(self, "StageSpec")
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.implementation, str) or not self.implementation:
+            _fail(f"{key}.implementation", "a non-empty string", self.implementation)
+        check_json_kwargs(f"{key}.kwargs", self.kwargs)
         _set(self, "kwargs", dict(self.kwargs))
 
     @property
@@ -147,19 +181,16 @@ class StageSpec:
 
 
 def _stage(key: str, value: Any) -> StageSpec | None:
-    if value is None or isinstance(value, StageSpec):
-        return value
+    if value is None:
+        return None
     if isinstance(value, str):
-        return StageSpec(value)
+        value = {"implementation": value}
     if isinstance(value, Mapping):
-        unknown = set(value) - {"implementation", "kwargs"}
-        if unknown:
-            _fail(key, "only the keys 'implementation' and 'kwargs'", sorted(unknown))
-        try:
-            return StageSpec(**value)
-        except ValueError as exc:
-            raise ValueError(f"{key}: {exc}") from None
-    _fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
+        value = _build(StageSpec, key, value)
+    if not isinstance(value, StageSpec):
+        _fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
+    value.validate(key)
+    return value
 
 
 @dataclass(frozen=True)
@@ -176,7 +207,7 @@ class AdvantageConfig:
     """process shaping: null/auto (call-time PRM mode, else additive), additive, gvpo, process_weighted or a dotted path"""
 
     def __post_init__(self) -> None:
-        self.validate("advantage")
+        _validate_unless_nested(self, "advantage")
 
     def validate(self, key: str) -> None:
         compute = _stage(f"{key}.compute", self.compute) or StageSpec("default")
@@ -211,8 +242,10 @@ def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
         if extra:
             takes = f"only {sorted(accepted)}" if accepted else "no kwargs"
             raise ValueError(f"{key}: built-in {impl!r} takes {takes}, got kwargs {extra}")
-        if impl == "gvpo":
-            for name, value in spec.kwargs.items():
+        for name, value in spec.kwargs.items():
+            if name == "std_normalize":
+                _check_bool(f"{key}.kwargs.{name}", value)
+            else:  # every other built-in kwarg is a non-negative finite number
                 _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
         return
     if not is_dotted_path(impl):
@@ -290,7 +323,7 @@ class ActorConfig:
     """the stage tree (compute, outcome_reward_shaping, estimator, process_adv_shaping)"""
 
     def __post_init__(self) -> None:
-        self.validate("actor")
+        _validate_unless_nested(self, "actor")
 
     def validate(self, key: str) -> None:
         for name in ("reward_norm", "adv_norm"):
@@ -384,11 +417,10 @@ def check_gvpo_kwargs(key: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def _build(cls: type, key: str, values: Mapping[str, Any]) -> Any:
+    """Build a nested config from a mapping; the caller validates it under ``key``."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
-    try:
+    with _nested_build():
         return cls(**values)
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None

@@ -192,7 +192,7 @@ def concat_batch(trajs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], Ba
             try:
                 group.validate_rows(rows)
             except ValueError as exc:
-                raise ValueError(f"concat_batch: prompt {i}: {exc}") from None
+                raise ValueError(f"concat_batch: prompt {i} 'rollout_group': {exc}") from None
         groups.append(group)
 
     width = max(seqlens)

@@ -180,8 +180,10 @@ class AdvantageModule(nn.Module):
         disagree = ~supplied[member] & ~agree
         if any_across_ranks(bool(disagree.any()), device):
             rows = disagree.nonzero().flatten().tolist()
+            where = (f"rows {rows[:10]}" if rows
+                     else "rows on another data-parallel rank (none here)")
             raise ValueError(
-                f"actor.reward_norm: rows {rows[:10]} of a split rollout have different rewards; "
+                f"actor.reward_norm: {where} of a split rollout have different rewards; "
                 f"supply an explicit reference reward (RolloutGroup.rewards) or return "
                 f"OutcomeResult.normalization_rewards from the outcome stage")
         return references, member

@@ -12,12 +12,17 @@ from lightning_adv import (
     ActorConfig, AdvantageModule, NormConfig, PRMAdvantageShapingConfig, RolloutGroup, concat_batch)
 
 REPO = Path(__file__).resolve().parents[1]
-CASES_DIR = Path(os.environ.get("LIGHTNING_ADV_REFERENCE_CASES",
-                                REPO.parent / "shared" / "reference" / "cases"))
+# The cases are vendored under tests/data so a clean checkout can run them; when the
+# shared reference folder sits beside the checkout, its (possibly newer) cases join in.
+VENDORED = REPO / "tests" / "data" / "reference_cases"
+SHARED = Path(os.environ.get("LIGHTNING_ADV_REFERENCE_CASES",
+                             REPO.parent / "shared" / "reference" / "cases"))
 
 
 def case_paths() -> list[Path]:
-    return sorted(CASES_DIR.glob("*.pt"))
+    cases = {p.name: p for p in sorted(VENDORED.glob("*.pt"))}
+    cases.update({p.name: p for p in sorted(SHARED.glob("*.pt"))})
+    return [cases[name] for name in sorted(cases)]
 
 
 def load_case(path: Path) -> dict:
@@ -36,8 +41,8 @@ def actor_config(case: dict) -> ActorConfig:
     return ActorConfig(**cfg)
 
 
-def run_case(case: dict):
-    """Run one case exactly as the reference README drives it; returns (out, trajectories)."""
+def build_case(case: dict):
+    """The module, batch, meta and prm of one case, built as the reference README says."""
     trajs = copy.deepcopy(case["trajectories"])
     for t in trajs:
         if t.get("rollout_group") is not None:
@@ -49,7 +54,13 @@ def run_case(case: dict):
                                     zero_penalty=call["gvpo_zero_penalty"],
                                     zero_eps=call["gvpo_zero_eps"])
     batch, meta = concat_batch(trajs)
-    return AdvantageModule(actor_config(case))(batch, meta, prm=prm), batch
+    return AdvantageModule(actor_config(case)), batch, meta, prm
+
+
+def run_case(case: dict):
+    """Run one case exactly as the reference README drives it; returns (out, batch)."""
+    module, batch, meta, prm = build_case(case)
+    return module(batch, meta, prm=prm), batch
 
 
 def mismatches(out: dict, expected: dict, tol: float = 1e-5) -> list[str]:

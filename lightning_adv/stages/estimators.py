@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from lightning_adv.contracts import TemporalInputs, TemporalResult
 from lightning_adv.kernels import compute_token_gae, compute_turn_gae
 from lightning_adv.lambdas import compute_gae_lambda
@@ -35,4 +37,21 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
-BUILTINS = {"token_gae": token_gae, "turn_gae": turn_gae}
+def reinforce(inputs: TemporalInputs) -> TemporalResult:
+    """REINFORCE return-to-go over generated tokens, without a critic.
+
+    Each step's reward is KL penalty + outcome (+ folded process reward), as in token GAE;
+    the advantage of a token is its discounted return ``G_t = sum_k gamma^k r_(t+k)`` over
+    the following active positions (values ignored, no bootstrap). Returns equal the
+    advantages. With ``adv_norm`` at batch level this is REINFORCE++ (Hu, 2025,
+    arXiv:2501.03262); with a group-mean reward baseline first, REINFORCE++-baseline.
+    """
+    rewards = _with_process(inputs.kl_rewards + inputs.outcome_rewards, inputs)
+    zeros = torch.zeros_like(rewards)
+    advantages, _ = compute_token_gae(rewards, zeros, inputs.loss_mask,
+                                      bootstrap_values=zeros[:, 0], discount=inputs.discount,
+                                      gae_lambda=1.0)
+    return TemporalResult(advantages, advantages.clone(), rewards)
+
+
+BUILTINS = {"token_gae": token_gae, "turn_gae": turn_gae, "reinforce": reinforce}

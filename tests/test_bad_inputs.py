@@ -1,0 +1,247 @@
+"""A catalogue of bad inputs: each gives one clear error naming the field (SPEC §7).
+
+Every entry builds a bad call and names the exception type and the fragments its message
+must contain (the field, and what was expected). The README's troubleshooting table lists
+the same entries by id.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+from batches import rows_batch
+from lightning_adv import (
+    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup,
+    concat_batch)
+
+
+def good(**extra):
+    return rows_batch(["pgg.", "pggg"], [1.0, 0.0], values=torch.zeros(2, 4),
+                      ref_logp=torch.zeros(2, 4), **extra)
+
+
+def with_key(key, value, **extra):
+    batch = good(**extra)
+    batch[key] = value
+    return batch
+
+
+def without(key):
+    batch = good()
+    del batch[key]
+    return batch
+
+
+def call(batch, meta=None, prm=None, **config):
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AdvantageModule(ActorConfig(**config))(batch, meta, prm=prm)
+    return run
+
+
+@dataclass
+class Bad:
+    id: str
+    run: Callable[[], object]
+    error: type
+    fragments: tuple[str, ...]
+
+
+def nan_at(shape, index):
+    x = torch.zeros(shape)
+    x[index] = math.nan
+    return x
+
+
+TURN_IDS = [[-1, 0, 0, -1], [-1, 0, 1, 1]]
+
+CATALOGUE = [
+    # ---------------------------------------------------------------- batch structure
+    Bad("batch-not-a-dict", call([("rewards", torch.ones(2))]), TypeError,
+        ("rollout batch", "expected a dict")),
+    Bad("missing-loss-mask", call(without("loss_mask")), ValueError,
+        ("rollout batch has no 'loss_mask'",)),
+    Bad("missing-rewards", call(without("rewards")), ValueError, ("rollout batch has no 'rewards'",)),
+    Bad("input-ids-not-2d", call(with_key("input_ids", torch.zeros(8, dtype=torch.long))), ValueError,
+        ("'input_ids'", "[B, T]")),
+    Bad("single-column", call(rows_batch(["p", "p"], [0.0, 0.0])), ValueError,
+        ("'input_ids'", "two columns")),
+    Bad("values-wrong-shape", call(with_key("values", torch.zeros(2, 3))), ValueError,
+        ("'values'", "shape [2, 4]", "[2, 3]")),
+    Bad("logprobs-integer", call(with_key("logprobs", torch.zeros(2, 4, dtype=torch.long))),
+        ValueError, ("'logprobs'", "floating-point", "torch.int64")),
+    Bad("logprobs-nan", call(with_key("logprobs", nan_at((2, 4), (1, 2)))), ValueError,
+        ("'logprobs'", "finite", "(1, 2)")),
+    Bad("values-inf", call(with_key("values", torch.full((2, 4), math.inf))), ValueError,
+        ("'values'", "finite")),
+    Bad("ref-logp-other-device", call(with_key("ref_logp", torch.zeros(2, 4, device="meta"))),
+        ValueError, ("'ref_logp'", "on cpu", "meta")),
+    Bad("rewards-nan", call(with_key("rewards", torch.tensor([1.0, math.nan]))), ValueError,
+        ("'rewards'", "finite", "(1,)")),
+    Bad("rewards-inf", call(with_key("rewards", torch.tensor([math.inf, 0.0]))), ValueError,
+        ("'rewards'", "finite")),
+    Bad("rewards-bool", call(with_key("rewards", torch.tensor([True, False]))), ValueError,
+        ("'rewards'", "float or integer", "torch.bool")),
+    Bad("rewards-per-token", call(with_key("rewards", torch.zeros(2, 4))), ValueError,
+        ("'rewards'", "shape [2]", "[2, 4]")),
+    Bad("rewards-not-a-tensor", call(with_key("rewards", [1.0, 0.0])), ValueError,
+        ("'rewards'", "shape [2]", "list")),
+    Bad("loss-mask-not-binary", call(with_key("loss_mask", torch.tensor([[0, 2, 1, 0], [0, 1, 1, 1]]))),
+        ValueError, ("'loss_mask'", "only 0 and 1")),
+    Bad("left-padding", call(with_key("attention_mask", torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+                                      )), ValueError, ("'attention_mask'", "right padding")),
+    Bad("generated-on-padding", call(with_key("loss_mask", torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]]))),
+        ValueError, ("'loss_mask'", "attention_mask is 1", "rows [0]")),
+    Bad("generated-first-token", call(with_key("loss_mask", torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]]))),
+        ValueError, ("'loss_mask'", "column 0", "rows [0]")),
+    Bad("token-rewards-wrong-shape", call(with_key("token_rewards", torch.zeros(2, 5))), ValueError,
+        ("'token_rewards'", "shape [2, 4]", "[2, 5]")),
+    Bad("token-rewards-nan", call(with_key("token_rewards", nan_at((2, 4), (0, 1)))), ValueError,
+        ("'token_rewards'", "finite")),
+    Bad("is-truncated-list", call(with_key("is_truncated", [False, True])), TypeError,
+        ("'is_truncated'", "bool tensor", "list")),
+    Bad("is-truncated-wrong-shape", call(with_key("is_truncated", torch.zeros(2, 1, dtype=torch.bool))),
+        ValueError, ("'is_truncated'", "shape [2]", "[2, 1]")),
+    Bad("is-truncated-float", call(with_key("is_truncated", torch.tensor([0.0, 1.0]))), ValueError,
+        ("'is_truncated'", "bool or integer")),
+    Bad("recompute-without-prox-logp", call(good(), recompute_logprob=True), ValueError,
+        ("'prox_logp'", "recompute_logprob")),
+    Bad("row-without-generated-token", call(rows_batch(["pgg.", "ppp."], [1.0, 1.0]),
+                                            dropped_outcome_reward="raise"), ValueError,
+        ("rows [1]", "inactive position")),
+    Bad("response-ends-with-tool-output", call(rows_batch(["pgge", "pgg."], [1.0, 1.0]),
+                                               dropped_outcome_reward="raise"), ValueError,
+        ("rows [0]", "non-generated tokens")),
+    # ---------------------------------------------------------------- turns
+    Bad("turn-unit-without-turn-ids", call(good(), gae_timestep_unit="turn"), ValueError,
+        ("gae_timestep_unit='turn'", "no 'turn_ids'")),
+    Bad("turn-id-negative", call(good(turn_ids=[[-1, 0, -1, -1], [-1, 0, 1, 1]]),
+                                 gae_timestep_unit="turn"), ValueError,
+        ("turn_ids", "non-negative", "rows [0]")),
+    Bad("turn-id-decreasing", call(good(turn_ids=[[-1, 0, 0, -1], [-1, 1, 0, 0]]),
+                                   gae_timestep_unit="turn"), ValueError,
+        ("turn_ids", "non-decreasing", "rows [1]")),
+    Bad("turn-id-too-large", call(good(turn_ids=[[-1, 0, 4, -1], [-1, 0, 1, 1]]),
+                                  gae_timestep_unit="turn"), ValueError,
+        ("turn_ids", "smaller than the sequence length 4")),
+    Bad("turn-id-float", call(good(turn_ids=torch.tensor(TURN_IDS, dtype=torch.float32)),
+                              gae_timestep_unit="turn"), ValueError, ("turn_ids", "integer dtype")),
+    Bad("turn-ids-wrong-shape", call(good(turn_ids=torch.zeros(2, 3, dtype=torch.long))), ValueError,
+        ("'turn_ids'", "shape [2, 4]")),
+    Bad("folded-rewards-not-uniform", call(good(token_rewards=[[0, 1.0, 2.0, 0], [0, 1, 1, 1.0]]),
+                                           token_rewards_as_adv=False), ValueError,
+        ("'token_rewards'", "uniform within each turn", "rows [0]")),
+    Bad("process-rewards-out-of-range",
+        call(good(token_rewards=[[0, 1.0, 2.0, 0], [0, 1, 1, 1.0]]),
+             prm=PRMAdvantageShapingConfig(mode="process_weighted")), ValueError,
+        ("process_weighted", "[0, 1]", "rows [0]")),
+    # ---------------------------------------------------------------- meta and rollout groups
+    Bad("meta-not-batch-meta", call(good(), meta={"traj_group_sizes": [2]}), TypeError,
+        ("meta", "BatchMeta")),
+    Bad("meta-rows-do-not-add-up", call(good(), meta=BatchMeta(2, [1, 2])), ValueError,
+        ("meta.traj_group_sizes", "sum to 3", "has 2")),
+    Bad("rollout-group-rows-do-not-add-up",
+        lambda: concat_batch([{**good(), "rollout_group": RolloutGroup((1, 2))}]), ValueError,
+        ("rollout_group", "cover 3 rows", "prompt has 2")),
+    Bad("rollout-group-reward-count", lambda: RolloutGroup((1, 1), (1.0,)), ValueError,
+        ("RolloutGroup.rewards", "one entry per logical rollout")),
+    Bad("split-rollout-rows-disagree",
+        call(*concat_batch([{**good(), "rollout_group": RolloutGroup((2,))}]),
+             reward_norm=NormConfig(mean_level="group", std_level="group")), ValueError,
+        ("actor.reward_norm", "rows [1]", "explicit reference reward")),
+    Bad("group-size-does-not-divide", call(rows_batch(["pg.", "pg.", "pg."], [0.0, 1.0, 2.0]),
+                                           reward_norm=NormConfig(mean_level="group", group_size=2)),
+        ValueError, ("actor.reward_norm.group_size", "3 rows")),
+    # ---------------------------------------------------------------- call-time PRM selection
+    Bad("prm-not-a-config", call(good(), prm={"mode": "gvpo"}), TypeError,
+        ("prm", "PRMAdvantageShapingConfig")),
+    Bad("prm-unknown-mode", call(good(), prm=PRMAdvantageShapingConfig(mode="weighted")), ValueError,
+        ("prm.mode", "additive", "'weighted'")),
+    Bad("prm-gvpo-needs-direct-rewards", call(good(), prm=PRMAdvantageShapingConfig(mode="gvpo"),
+                                              token_rewards_as_adv=False), ValueError,
+        ("prm.mode", "'gvpo'", "token_rewards_as_adv")),
+    Bad("prm-process-weighted-with-mask-no-eos",
+        call(good(), prm=PRMAdvantageShapingConfig(mode="process_weighted"),
+             mask_no_eos_with_zero=True), ValueError,
+        ("prm.mode", "process_weighted", "mask_no_eos_with_zero")),
+    Bad("prm-gvpo-nonfinite", call(good(token_rewards=torch.zeros(2, 4)),
+                                   prm=PRMAdvantageShapingConfig(mode="gvpo", zero_eps=math.inf)),
+        ValueError, ("gvpo", "zero_eps", "finite and non-negative", "inf")),
+    # ---------------------------------------------------------------- config
+    Bad("config-unknown-norm-level", lambda: ActorConfig(adv_norm={"mean_level": "token"}),
+        ValueError, ("actor.adv_norm.mean_level", "'token'")),
+    Bad("config-unknown-estimator", lambda: ActorConfig(advantage={"estimator": "gae"}), ValueError,
+        ("actor.advantage.estimator", "token_gae", "'gae'")),
+    Bad("config-unimportable-path",
+        lambda: AdvantageModule(ActorConfig(advantage={"estimator": "my_pkg.estimators.fn"})),
+        ValueError, ("actor.advantage.estimator", "my_pkg.estimators.fn", "cannot import")),
+    Bad("config-kwargs-not-accepted",
+        lambda: AdvantageModule(ActorConfig(gae_lambda="lightning_adv.vapo_length_adaptive_gae",
+                                            gae_lambda_kwargs={"a": 1})),
+        ValueError, ("actor.gae_lambda", "does not accept kwargs ['a']")),
+    Bad("config-kwargs-not-json",
+        lambda: ActorConfig(advantage={"estimator": {"implementation": "a.b", "kwargs": {"x": (1,)}}}),
+        ValueError, ("actor.advantage.estimator.kwargs", "JSON")),
+    Bad("config-default-compute-kwargs",
+        lambda: ActorConfig(advantage={"compute": {"implementation": "default", "kwargs": {"x": 1}}}),
+        ValueError, ("actor.advantage.compute", "no kwargs")),
+    Bad("config-replacement-plus-stage",
+        lambda: ActorConfig(advantage={"compute": "a.b", "process_adv_shaping": "gvpo"}),
+        ValueError, ("actor.advantage.compute", "cannot be combined",
+                     "actor.advantage.process_adv_shaping")),
+    Bad("config-gvpo-negative", lambda: ActorConfig(advantage={"process_adv_shaping": {
+        "implementation": "gvpo", "kwargs": {"zero_penalty": -1}}}), ValueError,
+        ("actor.advantage.process_adv_shaping.kwargs.zero_penalty", "-1")),
+    Bad("config-static-lambda-nan", lambda: ActorConfig(gae_lambda=math.nan), ValueError,
+        ("actor.gae_lambda", "nan")),
+]
+
+
+def _stage_result(stage, name, field, expected):
+    import test_contracts
+
+    def run():
+        batch = test_contracts.batch()
+        if name == "compute_int_rewards_changed":
+            batch["rewards"] = torch.tensor([1, 2])
+        return test_contracts.module(stage, name)(batch)
+    return Bad(f"stage-{name.replace('_', '-')}", run, AdvantageContractError,
+               (f"advantage.{stage} 'test_contracts.{name}'", field, expected))
+
+
+def _contract_entries():
+    import test_contracts
+    return [_stage_result(*violation) for violation in test_contracts.VIOLATIONS]
+
+
+# Stage results breaking each contract rule (the violating functions live in test_contracts).
+CATALOGUE += _contract_entries()
+
+
+def test_catalogue_has_at_least_forty_distinct_entries():
+    ids = [b.id for b in CATALOGUE]
+    assert len(ids) == len(set(ids)) and len(ids) >= 40
+
+
+@pytest.mark.parametrize("bad", CATALOGUE, ids=[b.id for b in CATALOGUE])
+def test_bad_input_gives_one_clear_error(bad):
+    with pytest.raises(Exception) as err:
+        bad.run()
+    assert type(err.value) is bad.error, (type(err.value), err.value)
+    message = str(err.value)
+    for fragment in bad.fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+
+
+def test_readme_troubleshooting_table_lists_every_entry():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [b.id for b in CATALOGUE if f"`{b.id}`" not in readme]
+    assert not missing, f"README troubleshooting table lacks {missing}"

@@ -1,0 +1,58 @@
+"""DDP with real processes (gloo on CPU): batch statistics reduce across ranks, so each
+rank's advantages equal a single process holding the global batch; group statistics stay
+on their rank."""
+
+import torch
+import lightning as L
+import pytest
+
+from ddp_probe import AdvantageProbe, advantages, prompt_groups
+from lightning_adv import ActorConfig
+from lightning_adv.recipes import RECIPES
+
+CONFIGS = {
+    "batch_norms": {"reward_norm": {"mean_level": "batch", "std_level": "batch"},
+                    "adv_norm": {"mean_level": "batch", "mean_leave1out": True, "std_level": "batch"},
+                    "discount": 0.9, "gae_lambda": 0.95},
+    "group_reward_batch_adv": {"reward_norm": {"mean_level": "group", "std_level": "group"},
+                               "adv_norm": {"mean_level": "batch", "std_level": "batch",
+                                            "std_unbiased": False}},
+    "group_only": {"reward_norm": {"mean_level": "group", "mean_leave1out": True,
+                                   "std_level": None},
+                   "adv_norm": {"mean_level": "group", "std_level": "group"}},
+    "gpg": RECIPES["gpg"],
+    "reinforce_pp": RECIPES["reinforce_pp"],
+    "split_rows_disagree": {"reward_norm": {"mean_level": "batch", "std_level": "batch"}},
+}
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    trainer = L.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(AdvantageProbe(CONFIGS, str(out), broken={"split_rows_disagree": 3}))
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "split_rows_disagree"])
+def test_two_ranks_match_a_single_process(ddp_results, name):
+    single = advantages(ActorConfig(**CONFIGS[name]), prompt_groups())
+    rows0 = ddp_results[0][name]["rewards"].shape[0]
+    for rank, rows in ((0, slice(0, rows0)), (1, slice(rows0, None))):
+        for key, want in single.items():
+            local = ddp_results[rank][name][key].double()
+            want = want[rows].double()
+            if want.ndim == 2:  # each rank pads to its own widest prompt
+                width = local.shape[1]
+                assert want[:, width:].abs().sum() == 0, (name, key, rank)
+                want = want[:, :width]
+            assert torch.allclose(local, want, atol=1e-6, rtol=1e-6), (name, key, rank)
+
+
+def test_a_bad_batch_on_one_rank_raises_on_every_rank(ddp_results):
+    # Only rank 1's prompts hold a split rollout; with batch-level statistics both ranks
+    # must raise together (a lone raise would leave the other rank hanging in a collective).
+    for rank in range(2):
+        assert "split rollout" in ddp_results[rank]["split_rows_disagree"]["error"], rank
