@@ -91,6 +91,7 @@ def test_print_config(capsys):
     ("--model.task.reward=no_such_pkg.rewards.fn", "model.task.reward"),
     ("--model.ppo.n_samples=0", "model.ppo.n_samples"),
     ("--model.ppo.max_new_tokens=0", "model.ppo.max_new_tokens"),
+    ("--model.policy.max_seq_len=4", "model.policy.max_seq_len"),
     ("--model.advantage_module=lightning_adv.ActorConfig", "model.advantage_module"),
     ("--model.prm.scorers=[{path: lightning_adv.trainer.tasks.position_match, kwargs: {x: 1}}]",
      "model.prm.scorers[0].path"),

@@ -223,10 +223,9 @@ class PPOModule(pl.LightningModule):
             "advantage_module": advantage_module, "seed": seed})
 
         self.runtime = TaskRuntime(self.task_config)
-        task_ = self.runtime.task
-        self.max_new_tokens = self.ppo_config.max_new_tokens or task_.max_new_tokens
+        self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
+                                                       self.policy_config)
         vocab = self.runtime.vocab
-        max_len = self.policy_config.max_seq_len or task_.max_episode_len(self.max_new_tokens)
         self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
                                         banned_tokens=(vocab.pad_id, vocab.bos_id))
         self.critic = self.policy_config.value_head
@@ -422,6 +421,17 @@ class PPOModule(pl.LightningModule):
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
 
 
+def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
+    """Tokens per policy turn and the policy's sequence length; the length must fit the
+    task's longest episode."""
+    max_new_tokens = ppo.max_new_tokens or runtime.task.max_new_tokens
+    needed = runtime.task.max_episode_len(max_new_tokens)
+    if policy.max_seq_len is not None and policy.max_seq_len < needed:
+        raise ValueError(f"policy.max_seq_len: the task's longest episode has {needed} tokens "
+                         f"(with ppo.max_new_tokens={max_new_tokens}), got {policy.max_seq_len}")
+    return max_new_tokens, policy.max_seq_len or needed
+
+
 def check_trainer_options(actor: ActorConfig, ppo: PPOConfig, prm: PRMConfig) -> None:
     """Combinations the trainer cannot run, caught before training; errors name the key."""
     process = actor.advantage.process_adv_shaping
@@ -440,12 +450,12 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     the config dataclasses, the task, the process scorers and the advantage module with its
     stages. Raises ``ValueError`` naming the key (``actor.advantage.estimator: ...``)."""
     actor = _as(ActorConfig, values.get("actor"), "actor")
-    _as(PolicyConfig, values.get("policy"), "policy")
+    policy = _as(PolicyConfig, values.get("policy"), "policy")
     ppo = _as(PPOConfig, values.get("ppo"), "ppo")
     task = _as(TaskConfig, values.get("task"), "task")
     prm = _as(PRMConfig, values.get("prm"), "prm")
     check_trainer_options(actor, ppo, prm)
-    TaskRuntime(task)
+    sequence_budget(TaskRuntime(task), ppo, policy)
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
