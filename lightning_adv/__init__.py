@@ -22,4 +22,13 @@ __all__ = [
     "GAELambdaContext", "GAELambdaInputs", "compute_gae_lambda", "compute_token_gae",
     "compute_turn_gae", "constant_gae_lambda", "vapo_length_adaptive_gae",
     "relative_position_gae_lambda", "AdvantageContractError", "DroppedOutcomeRewardWarning",
+    "PPOModule",
 ]
+
+
+def __getattr__(name: str):
+    # The trainer imports Lightning; load it only when asked for.
+    if name == "PPOModule":
+        from lightning_adv.trainer.ppo import PPOModule
+        return PPOModule
+    raise AttributeError(f"module 'lightning_adv' has no attribute {name!r}")

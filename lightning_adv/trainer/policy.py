@@ -1,0 +1,143 @@
+"""A tiny causal transformer policy in plain torch, with an optional value head.
+
+The policy reads a right-padded ``[B, T]`` token batch and returns next-token logits and,
+when it has a value head, one value per position: both in the next-token convention of
+SPEC §1 (position ``t`` has read tokens ``0..t``). Right padding needs no attention mask:
+causal attention never lets a real token look at the padding after it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _positive_int(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key}: expected a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Shape of the policy network (the vocabulary comes from the task)."""
+
+    d_model: int = 64
+    """width of the residual stream"""
+    n_layers: int = 2
+    """number of transformer blocks"""
+    n_heads: int = 4
+    """attention heads per block (must divide d_model)"""
+    d_ff: Optional[int] = None
+    """hidden width of the feed-forward layers (null: 4 * d_model)"""
+    value_head: bool = True
+    """add a value head (critic) on the shared trunk; false for critic-free configs (GRPO)"""
+    max_seq_len: Optional[int] = None
+    """longest sequence the position embedding covers (null: the task's longest episode)"""
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads"):
+            _positive_int(f"policy.{name}", getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"policy.n_heads: must divide policy.d_model ({self.d_model}), "
+                             f"got {self.n_heads}")
+        if self.d_ff is not None:
+            _positive_int("policy.d_ff", self.d_ff)
+        if self.max_seq_len is not None:
+            _positive_int("policy.max_seq_len", self.max_seq_len)
+        if not isinstance(self.value_head, bool):
+            raise ValueError(f"policy.value_head: expected true or false, got {self.value_head!r}")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class CausalTransformer(nn.Module):
+    """Token and position embeddings, ``n_layers`` blocks, an LM head and an optional value head.
+
+    The LM head starts at zero, so the untrained policy samples uniformly over the
+    vocabulary (maximal exploration); the value head starts at zero too. Tokens in
+    ``banned_tokens`` (padding, ``<bos>``) get a -1e9 logit: they are never sampled, and
+    log-probs and entropies are computed over the same distribution the sampler uses.
+    """
+
+    def __init__(self, config: PolicyConfig, vocab_size: int, max_seq_len: int,
+                 banned_tokens: Sequence[int] = ()):
+        super().__init__()
+        self.config = config
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        d = config.d_model
+        self.tok = nn.Embedding(vocab_size, d)
+        self.pos = nn.Embedding(max_seq_len, d)
+        self.blocks = nn.ModuleList(
+            Block(d, config.n_heads, config.d_ff or 4 * d) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab_size)
+        self.value_head = nn.Linear(d, 1) if config.value_head else None
+        bias = torch.zeros(vocab_size)
+        bias[list(banned_tokens)] = -1e9
+        self.register_buffer("logit_bias", bias, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.blocks:  # GPT-2 style: keep the residual stream's scale at init
+            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * len(self.blocks)))
+        for head in (self.lm_head, self.value_head):
+            if head is not None:
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+
+    def forward(self, input_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """``[B, T]`` token ids -> (logits ``[B, T, V]``, values ``[B, T]`` or None)."""
+        t = input_ids.shape[1]
+        if t > self.max_seq_len:
+            raise ValueError(f"policy: sequence of {t} tokens exceeds policy.max_seq_len "
+                             f"({self.max_seq_len})")
+        x = self.tok(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        values = self.value_head(x).squeeze(-1) if self.value_head is not None else None
+        return self.lm_head(x) + self.logit_bias, values
+
+
+def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-prob of token ``t+1`` at position ``t`` (next-token convention); last column 0."""
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(picked, (0, 1))
+
+
+def entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of the sampling distribution at every position, ``[B, T]``."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)

@@ -1,0 +1,209 @@
+"""Rollout generation and the SPEC §1 batch.
+
+:func:`generate` samples ``n_samples`` episodes per prompt with the policy, turn by turn:
+the policy writes until ``<eos>`` or the per-turn token limit, then the task's
+environment answers (its tokens are not generated: loss mask 0, turn id -1), until the
+task ends the episode or ``max_turns`` is reached. Every random draw comes from the
+generator passed in. :func:`build_batch` turns the scored episodes into the rollout
+batch, one ``concat_batch`` entry per prompt group, so the metadata is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from lightning_adv.meta import BatchMeta, concat_batch
+from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, check_number
+
+
+@dataclass
+class Episode:
+    """One sampled episode: its tokens, what was generated, and how it was scored."""
+
+    index: int
+    """prompt index in the pool"""
+    instance: Any
+    tokens: list[int]
+    generated: list[bool]
+    """token i was sampled from the policy"""
+    logprobs: list[float]
+    """behaviour log-prob of token i (token-aligned), 0 off generated tokens"""
+    turn_ids: list[int]
+    """policy turn of token i, -1 off generated tokens"""
+    turns: list[Turn]
+    done: bool = False
+    reward: float = 0.0
+    token_rewards: Optional[list[float]] = None
+    sample: Optional[Sample] = None
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.turns) and not self.turns[-1].eos
+
+
+@torch.no_grad()
+def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
+             n_samples: int, max_new_tokens: int, temperature: float,
+             gen: torch.Generator) -> list[list[Episode]]:
+    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt."""
+    task, vocab = runtime.task, runtime.vocab
+    device = next(policy.parameters()).device
+    episodes: list[Episode] = []
+    for index in indices:
+        instance, prompt = runtime.instance(int(index))
+        for _ in range(n_samples):
+            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    width = task.max_episode_len(max_new_tokens)
+    buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long)
+    for row, ep in enumerate(episodes):
+        buffer[row, : len(ep.tokens)] = torch.tensor(ep.tokens)
+    turn_tokens: list[list[int]] = [[] for _ in episodes]
+
+    while True:
+        rows = [i for i, ep in enumerate(episodes) if not ep.done]
+        if not rows:
+            break
+        lengths = torch.tensor([len(episodes[i].tokens) for i in rows])
+        ids = buffer[rows, : int(lengths.max())].to(device)
+        logits, _ = policy(ids)
+        last = logits[torch.arange(len(rows), device=device), lengths.to(device) - 1].float()
+        logp = finite_or_raise(torch.log_softmax(last / temperature, dim=-1), "policy logits").cpu()
+        picked = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+        picked_logp = logp.gather(1, picked[:, None]).squeeze(1)
+        for j, row in enumerate(rows):
+            ep, token = episodes[row], int(picked[j])
+            ep.tokens.append(token)
+            ep.generated.append(True)
+            ep.logprobs.append(float(picked_logp[j]))
+            ep.turn_ids.append(len(ep.turns))
+            buffer[row, len(ep.tokens) - 1] = token
+            turn_tokens[row].append(token)
+            if token != vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
+                continue
+            _end_turn(ep, turn_tokens[row], runtime, buffer[row])
+            turn_tokens[row] = []
+
+    groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
+    return groups
+
+
+def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor) -> None:
+    vocab, task = runtime.vocab, runtime.task
+    eos = tokens[-1] == vocab.eos_id
+    texts = tuple(vocab.token_text(t) for t in tokens)
+    ep.turns.append(Turn(text=vocab.decode(tokens), tokens=texts, eos=eos))
+    if len(ep.turns) >= task.max_turns:
+        ep.done = True
+        return
+    reply = runtime.reply(ep.instance, tuple(ep.turns), ep.index)
+    if reply is None:
+        ep.done = True
+        return
+    ep.turns[-1] = dataclasses.replace(ep.turns[-1], reply=vocab.decode(reply))
+    start = len(ep.tokens)
+    ep.tokens.extend(reply)
+    ep.generated.extend([False] * len(reply))
+    ep.logprobs.extend([0.0] * len(reply))
+    ep.turn_ids.extend([-1] * len(reply))
+    row[start: start + len(reply)] = torch.tensor(reply)
+
+
+Scorer = tuple[str, Callable[..., Any], float, Mapping[str, Any]]
+"""(config key, function, weight, kwargs) of one process scorer"""
+
+
+def score(groups: list[list[Episode]], runtime: TaskRuntime,
+          scorers: Sequence[Scorer] = ()) -> None:
+    """Outcome rewards from the task and summed, weighted process rewards, per episode."""
+    task = runtime.task
+    for group in groups:
+        for sample_no, ep in enumerate(group):
+            ep.sample = Sample(index=ep.index, instance=ep.instance,
+                               prompt=runtime.vocab.decode(ep.tokens[: _prompt_len(ep)]),
+                               turns=tuple(ep.turns), truncated=ep.truncated,
+                               target=task.target(ep.instance))
+            ep.reward = runtime.reward(ep.sample, sample_no)
+            if scorers:
+                ep.token_rewards = _process_rewards(ep, sample_no, scorers)
+
+
+def _prompt_len(ep: Episode) -> int:
+    return ep.generated.index(True) if True in ep.generated else len(ep.tokens)
+
+
+def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> list[float]:
+    """Token-aligned process rewards: per-token or per-turn scores, weighted and summed."""
+    assert ep.sample is not None
+    turn_lengths = [len(t.tokens) for t in ep.turns]
+    n_tokens = sum(turn_lengths)
+    total = [0.0] * n_tokens
+    for key, fn, weight, kwargs in scorers:
+        values = fn(ep.sample, **kwargs)
+        what = f"prompt {ep.index}, sample {sample_no} (response {ep.sample.response!r})"
+        if isinstance(values, Tensor):
+            values = values.flatten().tolist()
+        if not isinstance(values, Sequence) or isinstance(values, str):
+            raise TaskError(f"{key}: expected a list of floats (one per generated token or one "
+                             f"per turn) for {what}, got {type(values).__name__}")
+        if len(values) == n_tokens:
+            per_token = [check_number(v, key, what, f"process reward [{i}]")
+                         for i, v in enumerate(values)]
+        elif len(values) == len(turn_lengths):
+            per_token = [check_number(v, key, what, f"process reward of turn {i}")
+                         for i, v in enumerate(values) for _ in range(turn_lengths[i])]
+        else:
+            raise TaskError(f"{key}: expected {n_tokens} values (one per generated token) or "
+                             f"{len(turn_lengths)} (one per turn) for {what}, got {len(values)}")
+        total = [t + weight * v for t, v in zip(total, per_token)]
+    aligned = [0.0] * len(ep.tokens)
+    positions = [i for i, g in enumerate(ep.generated) if g]
+    for i, v in zip(positions, total):
+        aligned[i] = v
+    return aligned
+
+
+def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
+                process_rewards: bool) -> tuple[dict[str, Any], BatchMeta]:
+    """The SPEC §1 rollout batch (without model outputs) and its complete metadata."""
+    trajs = []
+    for group in groups:
+        width = max(len(ep.tokens) for ep in group)
+
+        def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
+            return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+        traj = {
+            "input_ids": pad([ep.tokens for ep in group], torch.long),
+            "attention_mask": pad([[True] * len(ep.tokens) for ep in group], torch.bool, False),
+            "loss_mask": pad([[int(g) for g in ep.generated] for ep in group], torch.int32),
+            "logprobs": pad([ep.logprobs for ep in group], torch.float32, 0.0),
+            "rewards": torch.tensor([ep.reward for ep in group], dtype=torch.float32),
+            "is_truncated": torch.tensor([ep.truncated for ep in group], dtype=torch.bool),
+        }
+        if multi_turn:
+            traj["turn_ids"] = pad([ep.turn_ids for ep in group], torch.long, -1)
+        if process_rewards:
+            traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
+                                        torch.float32, 0.0)
+        trajs.append(traj)
+    batch, meta = concat_batch(trajs)
+    if multi_turn:
+        # concat_batch pads every tensor with 0; off generated tokens turn ids are -1.
+        batch["turn_ids"] = batch["turn_ids"].masked_fill(~batch["loss_mask"].bool(), -1)
+    return batch, meta
+
+
+def finite_or_raise(x: Tensor, what: str) -> Tensor:
+    # -1e9 logits of banned tokens give finite log-probs; NaN or inf means divergence.
+    if not bool(torch.isfinite(x).all()):
+        raise FloatingPointError(f"{what}: the policy produced non-finite values (diverged "
+                                 f"training? lower ppo.lr or raise ppo.max_grad_norm clipping)")
+    return x
+

@@ -1,0 +1,465 @@
+"""Built-in tasks: prompt pools with verifiable rewards, an environment, process scorers.
+
+A :class:`Task` draws instances from a seeded ``random.Random``, renders each as a prompt
+string over its own small alphabet, optionally answers between policy turns
+(:meth:`Task.reply`), and scores a finished episode (:meth:`Task.reward`). Everything is
+character-level: one symbol is one token. Nothing is downloaded.
+
+Built-in tasks (``model.task.name``):
+
+- ``reverse``: write the prompt's letters backwards; partial credit per position
+  (single turn).
+- ``addition``: ``a+b=`` -> the decimal sum; exact match (single turn).
+- ``guess``: find a hidden number in ``0..n-1``; after each guess the environment answers
+  ``<`` (smaller), ``>`` (larger) or ``?`` (not a guess) (multi-turn).
+
+Process scorers (``model.prm.scorers[*].path``) are plain functions
+``fn(sample, **kwargs) -> list[float]`` returning one value per generated token, or one
+per policy turn (broadcast over the turn's tokens): :func:`position_match` (per token)
+and :func:`guess_consistency` (per turn).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from lightning_adv.config import check_json_kwargs, is_dotted_path
+from lightning_adv.resolve import check_signature, import_object, resolve_callable
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+
+
+class TaskError(ValueError):
+    """A task, reward or scorer function returned something the trainer cannot use.
+
+    The message names the config key and function, the prompt and the sample.
+    """
+
+
+class Vocab:
+    """Character vocabulary: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then one id per symbol."""
+
+    specials = (PAD, BOS, EOS)
+
+    def __init__(self, symbols: str):
+        if len(set(symbols)) != len(symbols):
+            raise ValueError(f"task symbols must be distinct characters, got {symbols!r}")
+        self.symbols = symbols
+        self.itos = list(self.specials) + list(symbols)
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str, where: str, error: type[Exception] = ValueError) -> list[int]:
+        unknown = sorted({c for c in text if c not in self.stoi or c in self.specials})
+        if unknown:
+            raise error(f"{where}: characters {unknown} are not task symbols "
+                             f"({self.symbols!r})")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.itos[i] for i in ids if i >= len(self.specials))
+
+    def token_text(self, i: int) -> str:
+        return self.itos[i]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One policy turn of an episode."""
+
+    text: str
+    """the generated symbols of the turn (without ``<eos>``)"""
+    tokens: tuple[str, ...]
+    """every generated token, ``<eos>`` included when the turn ended with it"""
+    eos: bool
+    """the turn ended with ``<eos>`` (else it hit the per-turn token limit)"""
+    reply: str = ""
+    """the environment's answer after this turn ("" after the last turn)"""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A finished episode, as reward functions and process scorers see it."""
+
+    index: int
+    """the prompt's index in the pool"""
+    instance: Any
+    """the task instance (hidden number, string to reverse, ...)"""
+    prompt: str
+    """the prompt text"""
+    turns: tuple[Turn, ...]
+    """the policy turns, in order (one for single-turn tasks)"""
+    truncated: bool
+    """the last turn stopped without ``<eos>``"""
+    target: Optional[str] = None
+    """the task's reference answer, when it has one"""
+
+    @property
+    def response(self) -> str:
+        """All generated text, turns concatenated (the answer, for single-turn tasks)."""
+        return "".join(t.text for t in self.turns)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t.tokens) for t in self.turns)
+
+
+class Task:
+    """A pool of prompts with a verifiable reward; subclass it for your own task.
+
+    Subclasses set ``symbols`` (one character per token), ``max_prompt_len``,
+    ``max_new_tokens`` (default tokens per policy turn) and, for multi-turn tasks,
+    ``max_turns`` and ``max_reply_len``, and implement :meth:`make_instance`,
+    :meth:`prompt` and :meth:`reward` (and :meth:`reply` for an environment).
+    """
+
+    symbols: str = ""
+    max_prompt_len: int = 8
+    max_new_tokens: int = 8
+    max_turns: int = 1
+    max_reply_len: int = 0
+
+    @property
+    def vocab(self) -> Vocab:
+        if not hasattr(self, "_vocab"):
+            self._vocab = Vocab(self.symbols)
+        return self._vocab
+
+    def make_instance(self, rng: random.Random) -> Any:
+        """Draw one task instance."""
+        raise NotImplementedError
+
+    def prompt(self, instance: Any) -> str:
+        """The prompt text of an instance (non-empty, task symbols only)."""
+        raise NotImplementedError
+
+    def target(self, instance: Any) -> Optional[str]:
+        """The reference answer, when the task has one (used by scorers)."""
+        return None
+
+    def reply(self, instance: Any, turns: Sequence[Turn]) -> Optional[str]:
+        """The environment's answer after the last of ``turns``, or None to end the episode."""
+        return None
+
+    def reward(self, sample: Sample) -> float:
+        """The outcome reward of a finished episode (a finite float)."""
+        raise NotImplementedError
+
+    def max_episode_len(self, max_new_tokens: int) -> int:
+        """Longest token sequence an episode can produce (``<bos>`` included)."""
+        return (1 + self.max_prompt_len + self.max_turns * max_new_tokens
+                + (self.max_turns - 1) * self.max_reply_len)
+
+
+class ReverseTask(Task):
+    """Write the prompt's letters in reverse order: ``cab=`` -> ``bac``.
+
+    Partial credit: matching positions over ``max(len(target), len(response))``, so extra
+    or missing letters cost too; ``partial_credit=false`` gives 1 for an exact match only.
+    """
+
+    def __init__(self, alphabet: str = "abcde", min_len: int = 2, max_len: int = 4,
+                 partial_credit: bool = True):
+        if not alphabet or "=" in alphabet:
+            raise ValueError(f"alphabet: expected non-empty letters without '=', got {alphabet!r}")
+        if not (isinstance(min_len, int) and isinstance(max_len, int) and 1 <= min_len <= max_len):
+            raise ValueError(f"min_len, max_len: expected 1 <= min_len <= max_len, "
+                             f"got {min_len!r}, {max_len!r}")
+        self.alphabet, self.min_len, self.max_len = alphabet, min_len, max_len
+        self.partial_credit = bool(partial_credit)
+        self.symbols = alphabet + "="
+        self.max_prompt_len = max_len + 1
+        self.max_new_tokens = max_len + 1
+
+    def make_instance(self, rng: random.Random) -> str:
+        n = rng.randint(self.min_len, self.max_len)
+        return "".join(rng.choice(self.alphabet) for _ in range(n))
+
+    def prompt(self, instance: str) -> str:
+        return instance + "="
+
+    def target(self, instance: str) -> str:
+        return instance[::-1]
+
+    def reward(self, sample: Sample) -> float:
+        target, response = sample.target, sample.response
+        if not self.partial_credit:
+            return float(response == target)
+        matches = sum(a == b for a, b in zip(response, target))
+        return matches / max(len(target), len(response))
+
+
+class AdditionTask(Task):
+    """``a+b=`` -> the decimal sum, exact match (1 or 0), operands in ``0..max_operand``."""
+
+    symbols = "0123456789+="
+
+    def __init__(self, max_operand: int = 9):
+        if isinstance(max_operand, bool) or not isinstance(max_operand, int) or max_operand < 1:
+            raise ValueError(f"max_operand: expected a positive integer, got {max_operand!r}")
+        self.max_operand = max_operand
+        digits = len(str(max_operand))
+        self.max_prompt_len = 2 * digits + 2
+        self.max_new_tokens = len(str(2 * max_operand)) + 1
+
+    def make_instance(self, rng: random.Random) -> tuple[int, int]:
+        return rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+
+    def prompt(self, instance: tuple[int, int]) -> str:
+        return f"{instance[0]}+{instance[1]}="
+
+    def target(self, instance: tuple[int, int]) -> str:
+        return str(sum(instance))
+
+    def reward(self, sample: Sample) -> float:
+        return float(sample.response == sample.target)
+
+
+class GuessTask(Task):
+    """Find a hidden number in ``0..n-1`` in at most ``max_turns`` guesses.
+
+    The prompt is ``G``. Each policy turn is a guess: its first symbol, if it is a digit
+    below ``n``. The environment answers ``<`` (the number is smaller), ``>`` (larger)
+    or ``?`` (the turn is not a guess); a right guess ends the episode. Reward:
+    ``1 - turn_penalty * (k - 1)`` for a right guess at turn ``k``, else 0, so binary
+    search (which always succeeds for ``n <= 2**max_turns - 1``) beats guessing.
+    """
+
+    def __init__(self, n: int = 8, max_turns: int = 4, turn_penalty: float = 0.1):
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 10:
+            raise ValueError(f"n: expected an integer in [2, 10], got {n!r}")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns: expected a positive integer, got {max_turns!r}")
+        if not (isinstance(turn_penalty, (int, float)) and 0 <= turn_penalty * (max_turns - 1) < 1):
+            raise ValueError(f"turn_penalty: expected a number >= 0 with turn_penalty * "
+                             f"(max_turns - 1) < 1, got {turn_penalty!r}")
+        self.n, self.max_turns, self.turn_penalty = n, max_turns, float(turn_penalty)
+        self.symbols = "".join(str(i) for i in range(n)) + "<>?G"
+        self.max_prompt_len = 1
+        self.max_new_tokens = 2
+        self.max_reply_len = 1
+
+    def make_instance(self, rng: random.Random) -> int:
+        return rng.randrange(self.n)
+
+    def prompt(self, instance: int) -> str:
+        return "G"
+
+    def guess(self, turn: Turn) -> Optional[int]:
+        """The turn's guess, or None when its first symbol is not a digit below n."""
+        first = turn.text[:1]
+        return int(first) if first.isdigit() and int(first) < self.n else None
+
+    def reply(self, instance: int, turns: Sequence[Turn]) -> Optional[str]:
+        guess = self.guess(turns[-1])
+        if guess is None:
+            return "?"
+        if guess == instance:
+            return None
+        return "<" if instance < guess else ">"
+
+    def reward(self, sample: Sample) -> float:
+        for k, turn in enumerate(sample.turns):
+            if self.guess(turn) == sample.instance:
+                return 1.0 - self.turn_penalty * k
+        return 0.0
+
+
+BUILTIN_TASKS: dict[str, type[Task]] = {
+    "reverse": ReverseTask, "addition": AdditionTask, "guess": GuessTask}
+
+
+# ---------------------------------------------------------------------- process scorers
+
+def position_match(sample: Sample, *, penalty: float = 1.0, bonus: float = 0.0) -> list[float]:
+    """Per token: ``bonus`` where the token matches the reference answer (then ``<eos>``)
+    at its position, ``-penalty`` where it does not. Needs a task with a reference
+    answer (``reverse``, ``addition``)."""
+    if sample.target is None:
+        raise TaskError("position_match: the task has no reference answer (Task.target); use it "
+                        "with reverse, addition or a task that defines target()")
+    expected = list(sample.target) + [EOS]
+    tokens = [tok for turn in sample.turns for tok in turn.tokens]
+    return [bonus if i < len(expected) and tok == expected[i] else -penalty
+            for i, tok in enumerate(tokens)]
+
+
+def guess_consistency(sample: Sample, *, penalty: float = 1.0) -> list[float]:
+    """Per turn of the ``guess`` task: ``-penalty`` for a turn that is not a guess, or whose
+    guess contradicts an earlier answer (outside the interval still possible); 0 else."""
+    lo, hi = 0, math.inf
+    scores = []
+    for turn in sample.turns:
+        guess = _guess_of(turn)
+        ok = guess is not None and lo <= guess < hi
+        scores.append(0.0 if ok else -penalty)
+        if guess is not None and turn.reply == "<":
+            hi = min(hi, guess)
+        elif guess is not None and turn.reply == ">":
+            lo = max(lo, guess + 1)
+    return scores
+
+
+def _guess_of(turn: Turn) -> Optional[int]:
+    first = turn.text[:1]
+    return int(first) if first.isdigit() else None
+
+
+# ---------------------------------------------------------------------- configuration
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Which task to train on, its prompt pool and (optionally) a replacement reward."""
+
+    name: str = "reverse"
+    """built-in task (reverse, addition, guess) or dotted path of a Task subclass or factory"""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments of the task constructor"""
+    reward: Optional[str] = None
+    """dotted path of fn(sample, **reward_kwargs) -> float replacing the task's own reward"""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments of the reward function"""
+    num_prompts: int = 100_000
+    """prompts in the pool (one epoch: num_prompts / ppo.prompts_per_step steps); prompt i is
+    drawn from (seed, i)"""
+    seed: int = 0
+    """seed of the prompt pool (independent of the training seed)"""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not (self.name in BUILTIN_TASKS
+                                                   or is_dotted_path(self.name)):
+            raise ValueError(f"task.name: expected one of {', '.join(BUILTIN_TASKS)} or a dotted "
+                             f"path (my_pkg.tasks.MyTask), got {self.name!r}")
+        check_json_kwargs("task.kwargs", self.kwargs)
+        if self.reward is not None and (not isinstance(self.reward, str)
+                                        or not is_dotted_path(self.reward)):
+            raise ValueError(f"task.reward: expected null or a dotted function path "
+                             f"(my_pkg.rewards.exact_match), got {self.reward!r}")
+        check_json_kwargs("task.reward_kwargs", self.reward_kwargs)
+        if self.reward is None and self.reward_kwargs:
+            raise ValueError(f"task.reward_kwargs: given ({sorted(self.reward_kwargs)}) but "
+                             f"task.reward is null; the built-in reward takes no kwargs")
+        for name in ("num_prompts", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (name == "num_prompts"):
+                raise ValueError(f"task.{name}: expected a {'positive' if name == 'num_prompts' else 'non-negative'} "
+                                 f"integer, got {value!r}")
+
+
+class TaskRuntime:
+    """A built task plus its checked reward function: what the trainer talks to.
+
+    Every call into user code (instances, prompts, replies, rewards) is checked here, and
+    errors name the config key and the function.
+    """
+
+    def __init__(self, config: TaskConfig):
+        self.config = config
+        self.where = f"task.name {config.name!r}"
+        self.task = build_task(config)
+        vocab = self.task.vocab
+        self.vocab = vocab
+        if config.reward is not None:
+            fn = resolve_callable(config.reward, config.reward_kwargs, "task.reward")
+            self.reward_where = f"task.reward {config.reward!r}"
+            self._reward: Callable[[Sample], Any] = lambda s: fn(s, **config.reward_kwargs)
+        else:
+            self.reward_where = f"{self.where} reward"
+            self._reward = self.task.reward
+
+    def instance(self, index: int) -> tuple[Any, list[int]]:
+        """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first)."""
+        rng = random.Random(f"{self.config.seed}:{index}")
+        instance = self.task.make_instance(rng)
+        text = self.task.prompt(instance)
+        where = f"{self.where}: prompt of instance {index}"
+        if not isinstance(text, str) or not text:
+            raise TaskError(f"{where}: expected a non-empty string, got {text!r}")
+        if len(text) > self.task.max_prompt_len:
+            raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_prompt_len "
+                            f"({self.task.max_prompt_len})")
+        return instance, [self.vocab.bos_id] + self.vocab.encode(text, where, TaskError)
+
+    def reply(self, instance: Any, turns: Sequence[Turn], index: int) -> Optional[list[int]]:
+        text = self.task.reply(instance, turns)
+        if text is None:
+            return None
+        where = f"{self.where}: environment reply after turn {len(turns) - 1} of instance {index}"
+        if not isinstance(text, str) or not text:
+            raise TaskError(f"{where}: expected a non-empty string (or None to end the episode), "
+                             f"got {text!r}")
+        if len(text) > self.task.max_reply_len:
+            raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_reply_len "
+                             f"({self.task.max_reply_len})")
+        return self.vocab.encode(text, where, TaskError)
+
+    def reward(self, sample: Sample, sample_no: int) -> float:
+        value = self._reward(sample)
+        return check_number(value, f"{self.reward_where}", f"prompt {sample.index}, sample "
+                            f"{sample_no} (response {sample.response!r})", "reward")
+
+
+def check_number(value: Any, where: str, what: str, field_name: str) -> float:
+    """A finite real number from user code (0-d tensors accepted; bools are refused)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise TaskError(f"{where}: {field_name} for {what} must be one real number, got a "
+                             f"tensor of shape {list(value.shape)} and dtype {value.dtype}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = " (convert booleans with float())" if isinstance(value, bool) else ""
+        raise TaskError(f"{where}: {field_name} for {what} must be a float, got "
+                         f"{type(value).__name__} {value!r}{hint}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise TaskError(f"{where}: {field_name} for {what} must be finite, got {value}")
+    return value
+
+
+def build_task(config: TaskConfig) -> Task:
+    """Construct the configured task; errors name ``task.name`` / ``task.kwargs``."""
+    if config.name in BUILTIN_TASKS:
+        factory: Any = BUILTIN_TASKS[config.name]
+    else:
+        factory = import_object(config.name, "task.name")
+        if not callable(factory):
+            raise ValueError(f"task.name: {config.name!r} is a {type(factory).__name__}, not a "
+                             f"Task class or factory")
+    check_signature(factory, config.kwargs, "task.kwargs", config.name, positional=0)
+    try:
+        task = factory(**config.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task.kwargs: {config.name!r} rejected {dict(config.kwargs)!r}: "
+                         f"{exc}") from None
+    if not isinstance(task, Task):
+        raise ValueError(f"task.name: {config.name!r} returned a {type(task).__name__}, expected "
+                         f"a lightning_adv.trainer.tasks.Task")
+    for name in ("max_prompt_len", "max_new_tokens", "max_turns"):
+        value = getattr(task, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"task.name {config.name!r}: Task.{name} must be a positive "
+                             f"integer, got {value!r}")
+    if task.max_turns > 1 and task.max_reply_len < 1:
+        raise ValueError(f"task.name {config.name!r}: a multi-turn task needs max_reply_len >= 1")
+    try:
+        task.vocab  # noqa: B018 -- builds the vocabulary, checking the symbols
+    except ValueError as exc:
+        raise ValueError(f"task.name {config.name!r}: {exc}") from None
+    return task
+
+
+__all__ = [
+    "Vocab", "Turn", "Sample", "Task", "ReverseTask", "AdditionTask", "GuessTask",
+    "BUILTIN_TASKS", "position_match", "guess_consistency", "TaskConfig", "TaskRuntime",
+    "build_task", "check_number", "PAD", "BOS", "EOS",
+]

@@ -1,0 +1,71 @@
+"""Importable helpers for trainer tests: user functions named by dotted path in configs."""
+
+import math
+
+import torch
+
+from lightning_adv import AdvantageModule
+from lightning_adv.trainer.tasks import ReverseTask, Task
+
+
+def nan_reward(sample):
+    return math.nan
+
+
+def string_reward(sample):
+    return "1.0"
+
+
+def bool_reward(sample):
+    return sample.response == sample.target
+
+
+def tensor_reward(sample):
+    return torch.tensor(0.5)
+
+
+def wrong_length_scorer(sample):
+    return [0.0] * (sample.num_tokens + 3)
+
+
+def per_turn_scorer(sample):
+    return [float(i) for i in range(len(sample.turns))]
+
+
+class EmptyPromptTask(ReverseTask):
+    def prompt(self, instance):
+        return ""
+
+
+class EmptyReplyTask(Task):
+    """A two-turn task whose environment answers with an empty string."""
+
+    symbols = "ab"
+    max_prompt_len = 1
+    max_new_tokens = 2
+    max_turns = 2
+    max_reply_len = 1
+
+    def make_instance(self, rng):
+        return 0
+
+    def prompt(self, instance):
+        return "a"
+
+    def reply(self, instance, turns):
+        return ""
+
+    def reward(self, sample):
+        return 0.0
+
+
+class ScaledAdvantageModule(AdvantageModule):
+    """A user subclass: counts its calls and halves the advantages."""
+
+    calls = 0
+
+    def forward(self, batch, meta=None, *, prm=None):
+        type(self).calls += 1
+        out = super().forward(batch, meta, prm=prm)
+        out["advantages"] = out["advantages"] * 0.5
+        return out
