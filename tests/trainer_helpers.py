@@ -69,3 +69,22 @@ class ScaledAdvantageModule(AdvantageModule):
         out = super().forward(batch, meta, prm=prm)
         out["advantages"] = out["advantages"] * 0.5
         return out
+
+
+class RecordingAdvantageModule(AdvantageModule):
+    """Saves what each call returns to ``$LIGHTNING_ADV_RECORD/rank<r>_call<n>.pt``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.calls = 0
+
+    def forward(self, batch, meta=None, *, prm=None):
+        import os
+        import torch.distributed as dist
+        out = super().forward(batch, meta, prm=prm)
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
+        torch.save({k: out[k] for k in keep},
+                   os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
+        self.calls += 1
+        return out
