@@ -19,8 +19,9 @@ from torch import Tensor
 Lambda = Union[float, Tensor]
 
 
-def _check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor,
-                         gae_lambda: Lambda) -> tuple[int, int]:
+def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor,
+                        gae_lambda: Lambda) -> tuple[int, int]:
+    """Shapes and devices of a kernel's inputs; returns ``(B, T)``."""
     rewards = tensors["rewards"]
     if not isinstance(rewards, Tensor) or rewards.ndim != 2:
         raise ValueError(f"{name}: rewards must be a [B, T] tensor, got "
@@ -90,7 +91,7 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
     previous one. The last column always gets advantage 0, and ``returns = advantages +
     values`` everywhere.
     """
-    bs, width = _check_kernel_inputs("compute_token_gae",
+    bs, width = check_kernel_inputs("compute_token_gae",
                                      {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                      bootstrap_values, gae_lambda)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
@@ -121,7 +122,7 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
     return; inactive positions get advantage 0 and return ``values``. Turn ids may skip
     numbers; only turns with active tokens are timesteps.
     """
-    bs, width = _check_kernel_inputs("compute_turn_gae",
+    bs, width = check_kernel_inputs("compute_turn_gae",
                                      {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                      bootstrap_values, gae_lambda)
     active = loss_mask.bool()
