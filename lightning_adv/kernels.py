@@ -38,6 +38,7 @@ The plain loops these kernels must agree with live in :mod:`lightning_adv.refere
 from __future__ import annotations
 
 import math
+import struct
 from typing import Union
 
 import torch
@@ -84,6 +85,16 @@ def validate_turn_ids(active: Tensor, turn_ids: Tensor, where: str = "turn_ids")
     Inactive positions (prompt, tool output, padding) may hold anything (-1 by convention);
     they neither start nor reset a turn.
     """
+    _checked_turn_ids(active, turn_ids, where)
+
+
+def _checked_turn_ids(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, int]:
+    """:func:`validate_turn_ids`, returning the ids with -1 at inactive positions ([B, T]
+    int64) and the largest active id (-1 if none), with one host sync in all.
+
+    Masks are applied by arithmetic rather than ``torch.where``: on CPU a ``where`` over
+    [B, T] costs as much as ten multiplications.
+    """
     if tuple(turn_ids.shape) != tuple(active.shape):
         raise ValueError(f"{where}: turn_ids must have shape {list(active.shape)}, got "
                          f"{list(turn_ids.shape)}")
@@ -92,8 +103,21 @@ def validate_turn_ids(active: Tensor, turn_ids: Tensor, where: str = "turn_ids")
                          f"{active.device}")
     if turn_ids.is_floating_point() or turn_ids.is_complex() or turn_ids.dtype == torch.bool:
         raise ValueError(f"{where}: turn_ids must use an integer dtype, got {turn_ids.dtype}")
-    active = active.bool()
-    ids = turn_ids.long()
+    on = active.bool().long()
+    ids_on = turn_ids.long() * on                        # active ids, 0 elsewhere
+    ids = ids_on + (on - 1)                              # active ids, -1 elsewhere
+    running = torch.cummax(ids, dim=1).values
+    # At active positions the running maximum is >= the id; > means a decrease.
+    decreasing = (running - ids).mul_(on)
+    flags = torch.stack([ids_on.min(), ids.max(), decreasing.max()]) if ids.numel() \
+        else torch.tensor([0, -1, 0])
+    smallest, largest, worst_drop = flags.tolist()
+    if smallest < 0 or largest >= active.shape[1] or worst_drop > 0:
+        _raise_turn_id_error(on.bool(), ids, running, where)
+    return ids, largest
+
+
+def _raise_turn_id_error(active: Tensor, ids: Tensor, running: Tensor, where: str) -> None:
     bad = active & (ids < 0)
     if bool(bad.any()):
         raise ValueError(f"{where}: turn_ids must be non-negative at every active loss token "
@@ -102,11 +126,9 @@ def validate_turn_ids(active: Tensor, turn_ids: Tensor, where: str = "turn_ids")
     if bool(bad.any()):
         raise ValueError(f"{where}: turn_ids at active loss tokens must be smaller than the "
                          f"sequence length {active.shape[1]} (rows {_rows(bad)})")
-    running_max = torch.cummax(torch.where(active, ids, torch.full_like(ids, -1)), dim=1).values
-    bad = active & (ids < running_max)
-    if bool(bad.any()):
-        raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
-                         f"each row (rows {_rows(bad)})")
+    bad = active & (ids < running)
+    raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
+                     f"each row (rows {_rows(bad)})")
 
 
 def _rows(bad: Tensor) -> list[int]:
@@ -127,21 +149,19 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
     (0 for rows that ended with EOS). The last column always gets advantage 0, and
     ``returns = advantages + values`` everywhere.
     """
-    bs, width = check_kernel_inputs("compute_token_gae",
-                                    {"rewards": rewards, "values": values, "loss_mask": loss_mask},
-                                    bootstrap_values, gae_lambda)
+    check_kernel_inputs("compute_token_gae",
+                        {"rewards": rewards, "values": values, "loss_mask": loss_mask},
+                        bootstrap_values, gae_lambda)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     # The legacy loop multiplies its running advantage by a λ tensor, so a float64 λ makes
     # its token outputs float64; keep that.
     out_dtype = torch.promote_types(dtype, gae_lambda.dtype) if isinstance(gae_lambda, Tensor) \
         else dtype
     rewards, values = rewards.to(dtype), values.to(dtype)
-    # Column T-1 is never a timestep (it predicts nothing); making it inactive gives it
-    # advantage 0 and makes the row's last active position bootstrap.
-    active = loss_mask.to(torch.bool, copy=True)
-    active[:, -1] = False
-    adv = _masked_gae(rewards, values, active, bootstrap_values.to(dtype), discount,
-                      _coefficient(discount, gae_lambda, dtype)).to(out_dtype)
+    # Column T-1 is never a timestep (it predicts nothing): as an inactive step it gets
+    # advantage 0 and the row's last active position bootstraps.
+    adv = _masked_gae(rewards, values, loss_mask.to(dtype), bootstrap_values.to(dtype), discount,
+                      _coefficient(discount, gae_lambda, dtype), out_dtype, last_is_step=False)
     return adv, adv + values
 
 
@@ -159,31 +179,27 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
-    active = loss_mask.bool()
-    validate_turn_ids(active, turn_ids, where="compute_turn_gae")
+    ids, largest = _checked_turn_ids(loss_mask, turn_ids, "compute_turn_gae")
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     rewards, values = rewards.to(dtype), values.to(dtype)
     mask = loss_mask.to(dtype)
-    # Inactive tokens are sent to slot 0 with weight 0; after validation every active id
-    # is a slot in [0, T).
-    ids = torch.where(active, turn_ids.long(), 0)
-    # Number of turn slots: one host sync, so the scan runs over [B, n_slots] instead of
-    # [B, T] (turns are few; tokens are many).
-    n_slots = int(ids.max()) + 1 if ids.numel() else 0
-    if n_slots == 0:
-        return torch.zeros_like(rewards), values.clone()
-    turn_rewards = rewards.new_zeros(bs, n_slots).scatter_add_(1, ids, rewards * mask)
+    # Slots 0..largest are the turn ids; one more slot, after them, collects the inactive
+    # tokens. It is never a timestep, and being last its advantage is 0, so gathering the
+    # slots back needs no mask. Sizing the slot axis by the largest id costs the host sync
+    # that validation already made, and keeps the scan on [B, n_turns] instead of [B, T].
+    n_slots = largest + 2
+    slot = ids.remainder(n_slots)                        # -1 -> the extra slot, n_slots - 1
+    turn_rewards = rewards.new_zeros(bs, n_slots).scatter_add_(1, slot, rewards)
     positions = torch.arange(width, device=rewards.device).expand(bs, width)
-    first = torch.full((bs, n_slots), width, dtype=torch.long, device=rewards.device)
-    first.scatter_reduce_(1, ids, torch.where(active, positions, width), reduce="amin")
-    present = first < width
-    turn_values = values.gather(1, first.clamp_(max=width - 1)) * present
+    first = torch.full((bs, n_slots), width, device=rewards.device)
+    first.scatter_reduce_(1, slot, positions, reduce="amin")
+    first[:, -1] = width
+    present = (first < width).to(dtype)
+    turn_values = values.gather(1, first.clamp_(max=width - 1)).mul_(present)
     turn_adv = _masked_gae(turn_rewards, turn_values, present, bootstrap_values.to(dtype),
-                           discount, _coefficient(discount, gae_lambda, dtype)).to(dtype)
-    # Slots without a turn carry the next turn's advantage inside the scan; no active
-    # token maps to them, and inactive tokens are masked below.
-    advantages = turn_adv.gather(1, ids) * mask
-    returns = (turn_adv + turn_values).gather(1, ids) * mask + values * (1 - mask)
+                           discount, _coefficient(discount, gae_lambda, dtype), dtype)
+    advantages = turn_adv.gather(1, slot)
+    returns = torch.addcmul((turn_adv + turn_values).gather(1, slot), values, 1 - mask)
     return advantages, returns
 
 
@@ -200,61 +216,84 @@ def _coefficient(discount: float, gae_lambda: Lambda, dtype: torch.dtype) -> Uni
     coef = discount * gae_lambda
     if isinstance(coef, Tensor):
         return coef.to(torch.float64)
-    return float(torch.tensor(coef, dtype=dtype))
+    if dtype == torch.float32:
+        return struct.unpack("f", struct.pack("f", coef))[0]
+    return float(coef)
 
 
-def _masked_gae(rewards: Tensor, values: Tensor, active: Tensor, bootstrap: Tensor,
-                discount: float, coef: Union[float, Tensor]) -> Tensor:
-    """GAE over the steps of a [B, N] axis of which ``active`` are timesteps (float64 out).
+def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, bootstrap: Tensor,
+                discount: float, coef: Union[float, Tensor], out_dtype: torch.dtype, *,
+                last_is_step: bool = True) -> Tensor:
+    """GAE over a [B, N] step axis whose timesteps are the steps with ``mask = 1``.
 
     ``δ_t = r_t + γ·V_next(t) - V_t`` uses the value of the next active step, or
     ``bootstrap`` after a row's last one; the advantage at an inactive step is that of the
-    next active step (0 after the last one).
+    next active step (0 after the last one). ``mask`` is 0/1 in the dtype of ``rewards``;
+    ``last_is_step=False`` treats the last column as inactive whatever its mask.
+
+    On CPU the cost is dominated by full-size temporaries (each new [B, N] buffer is fresh
+    memory to fault in), so intermediate results are updated in place where possible.
     """
-    bs, n = active.shape
+    bs, n = mask.shape
+    on = mask.bool().long()
+    if not last_is_step:
+        on[:, -1] = 0
     # counts[:, t] = active steps in [0, t): the rank of step t if it is active, else the
     # rank of the next active step; counts[:, n] is the row's number of active steps.
-    counts = torch.zeros(bs, n + 1, dtype=torch.long, device=active.device)
-    torch.cumsum(active, dim=1, out=counts[:, 1:])
-    mask = active.to(rewards.dtype)
-    # The value of each rank; the bootstrap value takes the slot after the last rank, and
-    # counts[:, t + 1] is the rank of the next active step after t.
-    by_rank = values.new_zeros(bs, n + 1).scatter_add_(1, counts[:, :n], values * mask)
+    counts = on.new_zeros(bs, n + 1)
+    torch.cumsum(on, dim=1, out=counts[:, 1:])
+    # The value of each rank (slot = rank), with the bootstrap value in the slot after the
+    # last rank; counts[:, t + 1] is then the slot of step t's next value. Inactive steps
+    # write to a scratch area past slot n: a plain scatter to unique slots is several
+    # times cheaper than a masked scatter_add on CPU.
+    slots = on.mul_(-(n + 1)).add_(counts[:, :n]).add_(n + 1)
+    by_rank = values.new_zeros(bs, 2 * n + 2).scatter_(1, slots, values)
     by_rank.scatter_(1, counts[:, n:], bootstrap[:, None])
-    next_values = by_rank.gather(1, counts[:, 1:])
-    deltas = torch.add(rewards, next_values, alpha=discount).sub_(values).mul_(mask)
-    return _masked_scan(deltas, active, counts, coef)
+    # δ = r + γ·V_next - V: the loop's operations, rounded the same way.
+    deltas = by_rank.gather(1, counts[:, 1:])
+    if discount != 1.0:
+        deltas.mul_(discount)
+    deltas.add_(rewards).sub_(values).mul_(mask)
+    if not last_is_step:
+        deltas[:, -1] = 0
+    return _masked_scan(deltas, counts, coef, out_dtype)
 
 
-def _masked_scan(deltas: Tensor, active: Tensor, counts: Tensor,
-                 coef: Union[float, Tensor]) -> Tensor:
+def _masked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor],
+                 out_dtype: torch.dtype) -> Tensor:
     """``A_t = a_t·A_{t+1} + δ_t`` with ``a_t = c`` on active steps and 1 elsewhere, ``A_N = 0``.
 
     ``deltas`` is zero at inactive steps; ``counts`` as in :func:`_masked_gae`; ``c`` is a
-    float or a [B] float64 tensor. Returns float64.
+    float or a [B] float64 tensor. Sums run in float64; the result is ``out_dtype``.
     """
     if isinstance(coef, float):
         if coef == 1.0:
-            # Plain suffix sums, no rescaling.
-            return deltas.flip(1).to(torch.float64).cumsum(1).flip(1)
+            # Plain suffix sums: no rescaling, no chunks (float64 keeps thousands of terms
+            # exact to ~1e-13).
+            return deltas.flip(1).double().cumsum_(1).to(out_dtype).flip(1)
         if coef == 0.0:
             # Every active step stands alone: A_t = δ at the first active step >= t.
+            # δ is zero at inactive steps, so summing every step into its rank's slot
+            # leaves each active δ alone there.
             n = deltas.shape[1]
-            by_rank = deltas.new_zeros(deltas.shape[0], n + 1).scatter_add_(1, counts[:, :n], deltas)
-            return by_rank.gather(1, counts[:, :n]).to(torch.float64)
+            by_rank = deltas.new_zeros(deltas.shape[0], n + 1)
+            by_rank.scatter_add_(1, counts[:, :n], deltas)
+            return by_rank.gather(1, counts[:, :n]).to(out_dtype)
         if not MIN_CHUNKED_COEF <= abs(coef) <= 1.0:
-            return _exact_scan(deltas, active, coef)
-        return _chunked_scan(deltas, counts, coef, _chunk_size(abs(math.log(abs(coef)))))
+            return _exact_scan(deltas, counts, coef).to(out_dtype)
+        return _chunked_scan(deltas, counts, coef, _chunk_size(abs(math.log(abs(coef)))),
+                             out_dtype)
     safe = (coef.abs() >= MIN_CHUNKED_COEF) & (coef.abs() <= 1.0)
     log_span = torch.where(safe, coef.abs().log().neg(), 0.0).max()
-    # The chunk size depends on the smallest safe |γλ| and the exact scan only runs on the
+    # The chunk size depends on the smallest safe |γλ|, and the exact scan runs only on the
     # unsafe rows: one host sync for both, and only with a λ tensor.
     n_unsafe, log_span = torch.stack([(~safe).sum().to(log_span.dtype), log_span]).tolist()
-    adv = _chunked_scan(deltas, counts, torch.where(safe, coef, 1.0), _chunk_size(log_span))
+    adv = _chunked_scan(deltas, counts, torch.where(safe, coef, 1.0), _chunk_size(log_span),
+                        torch.float64)
     if n_unsafe:
         rows = (~safe).nonzero().flatten()
-        adv[rows] = _exact_scan(deltas[rows], active[rows], coef[rows][:, None])
-    return adv
+        adv[rows] = _exact_scan(deltas[rows], counts[rows], coef[rows][:, None])
+    return adv.to(out_dtype)
 
 
 def _chunk_size(log_span: float) -> int:
@@ -263,26 +302,27 @@ def _chunk_size(log_span: float) -> int:
 
 
 #: Upper bound on the chunk size: the rounding error of a chunk's sums grows with it
-#: (about ``CHUNK·eps·max|δ|``, 1e-12 at this size in float64).
-_MAX_CHUNK = 1 << 14
+#: (about ``chunk·eps·max|δ|``, 4e-12 at this size in float64).
+_MAX_CHUNK = 1 << 15
 
 
-def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], chunk: int) -> Tensor:
+def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], chunk: int,
+                  out_dtype: torch.dtype) -> Tensor:
     """The masked recurrence of :func:`_masked_scan` for ``MIN_CHUNKED_COEF <= |c| <= 1``.
 
-    With ``q_t`` the active steps between the chunk start and t and ``J`` those of the
+    With ``q_t`` the active steps between the chunk start and t, and ``J`` those of the
     whole chunk, ``A_t = (sum_{u >= t in chunk} c**q_u·δ_u + c**J·A_next_chunk) / c**q_t``:
     one reversed cumulative sum per chunk, plus a short recurrence over chunks for the
     carries. Why float64: the terms ``c**q_u·δ_u`` shrink to ``c**chunk`` of their size and
     dividing by ``c**q_t`` brings them back; each sum only holds terms no larger than
     ``c**q_t·max|δ|``, so its rounding error after the division is about
-    ``chunk·eps·max|δ|``: negligible in float64, 1e-5 in float32. Why chunks: ``c**±q``
-    must stay inside float64's range, so ``chunk·|ln c| <= 600``; γλ near 1 fits a whole
-    row in one chunk, smaller γλ needs more chunks (and more carries).
+    ``chunk·eps·max|δ|``: negligible in float64, 1e-5 or worse in float32. Why chunks:
+    ``c**±q`` must stay inside float64's range, so ``chunk·|ln c| <= 600``; γλ near 1 fits
+    a whole row in one chunk (0.95: 11 000 steps), smaller γλ needs more chunks and carries.
     """
     bs, n = deltas.shape
-    chunk = max(1, min(chunk, _MAX_CHUNK, n))
-    n_chunks = -(-n // chunk)
+    n_chunks = -(-n // max(1, min(chunk, _MAX_CHUNK)))
+    chunk = -(-n // n_chunks)                 # equal chunks: the least padding
     n_pad = n_chunks * chunk
     exponents = torch.arange(chunk + 1, device=deltas.device, dtype=torch.float64)
     if isinstance(coef, Tensor):
@@ -291,21 +331,26 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
         powers = (coef ** exponents).expand(bs, chunk + 1)
     if n_chunks == 1:
         scale = powers.gather(1, counts[:, :n])                  # c**q_t
-        return (deltas * scale).flip(1).cumsum(1).flip(1).div_(scale)
-    if n_pad > n:
-        deltas = torch.cat([deltas, deltas.new_zeros(bs, n_pad - n)], dim=1)
-        counts = torch.cat([counts, counts[:, n:].expand(bs, n_pad - n)], dim=1)
-    starts = counts[:, 0:n_pad + 1:chunk]                        # [B, n_chunks + 1]
-    local = (counts[:, :n_pad].view(bs, n_chunks, chunk) - starts[:, :-1, None]).view(bs, n_pad)
-    scale = powers.gather(1, local)
-    sums = (deltas * scale).view(bs, n_chunks, chunk).flip(2).cumsum(2).flip(2)
+        sums = deltas.double().mul_(scale).flip(1).cumsum_(1).flip(1)
+        return sums.div_(scale).to(out_dtype)
+    # Padding steps are inactive: δ = 0 and the count stays at the row's total.
+    deltas = torch.nn.functional.pad(deltas, (0, n_pad - n))
+    counts = torch.cat([counts[:, :n], counts[:, n:].expand(bs, n_pad - n + 1)], dim=1)
+    starts = counts[:, ::chunk]                                  # [B, n_chunks + 1]
+    local = counts[:, :n_pad].view(bs, n_chunks, chunk) - starts[:, :-1, None]
+    scale = powers.gather(1, local.view(bs, n_pad))
+    # Flipping whole rows keeps the flips on contiguous 2-D tensors; chunk k of the flipped
+    # row is chunk n_chunks-1-k reversed, so its cumulative sums are the suffix sums.
+    sums = deltas.double().mul_(scale).flip(1).view(bs, n_chunks, chunk).cumsum_(2)
+    sums = sums.view(bs, n_pad).flip(1).view(bs, n_chunks, chunk)
     decay = powers.gather(1, starts[:, 1:] - starts[:, :-1])     # c**J per chunk
-    # The advantage at each chunk start: A_i = c**J_i · A_{i+1} + sums_i[0].
+    # The advantage at each chunk start: A_i = c**J_i · A_{i+1} + sums_i[0]; chunk i
+    # receives c**J_i · A_{i+1}.
     chunk_adv = _affine_suffix_scan(decay, sums[:, :, 0])
-    carry = decay.clone()
-    carry[:, :-1] *= chunk_adv[:, 1:]
-    carry[:, -1] = 0
-    return sums.add_(carry[:, :, None]).view(bs, n_pad).div_(scale)[:, :n]
+    decay[:, :-1] *= chunk_adv[:, 1:]
+    decay[:, -1] = 0
+    sums = sums.add_(decay[:, :, None]).view(bs, n_pad).div_(scale)
+    return sums[:, :n].to(out_dtype)
 
 
 def _affine_suffix_scan(a: Tensor, b: Tensor) -> Tensor:
@@ -321,9 +366,10 @@ def _affine_suffix_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-def _exact_scan(deltas: Tensor, active: Tensor, coef: Union[float, Tensor]) -> Tensor:
+def _exact_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor]) -> Tensor:
     """The masked recurrence for any γλ (0, tiny, above 1) by the log-depth scan over whole
-    rows; for the rows the chunked sum cannot take."""
+    rows; for the rows the chunked sum cannot take. Float64."""
+    active = counts[:, 1:] > counts[:, :-1]
     coef = torch.as_tensor(coef, dtype=torch.float64, device=deltas.device)
     a = torch.where(active, coef, torch.ones((), dtype=torch.float64, device=deltas.device))
     return _affine_suffix_scan(a, deltas.to(torch.float64))
