@@ -85,15 +85,16 @@ def validate_turn_ids(active: Tensor, turn_ids: Tensor, where: str = "turn_ids")
     Inactive positions (prompt, tool output, padding) may hold anything (-1 by convention);
     they neither start nor reset a turn.
     """
-    _checked_turn_ids(active, turn_ids, where)
+    _turn_slots(active, turn_ids, where)
 
 
-def _checked_turn_ids(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, int]:
-    """:func:`validate_turn_ids`, returning the ids with -1 at inactive positions ([B, T]
-    int64) and the largest active id (-1 if none), with one host sync in all.
+def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Validate turn ids (:func:`validate_turn_ids`) and lay the tokens out by turn slot.
 
-    Masks are applied by arithmetic rather than ``torch.where``: on CPU a ``where`` over
-    [B, T] costs as much as ten multiplications.
+    Returns ``slot`` ([B, T] int64: turn id + 1 at active tokens, 0 elsewhere) and the first
+    and last active position of every slot ([B, n_slots]; slot 0 collects the inactive
+    tokens and is marked empty: first = T, last = -1). Two host syncs: the number of slots,
+    and the order check.
     """
     if tuple(turn_ids.shape) != tuple(active.shape):
         raise ValueError(f"{where}: turn_ids must have shape {list(active.shape)}, got "
@@ -103,32 +104,36 @@ def _checked_turn_ids(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Ten
                          f"{active.device}")
     if turn_ids.is_floating_point() or turn_ids.is_complex() or turn_ids.dtype == torch.bool:
         raise ValueError(f"{where}: turn_ids must use an integer dtype, got {turn_ids.dtype}")
+    bs, width = active.shape
     on = active.bool().long()
-    ids_on = turn_ids.long() * on                        # active ids, 0 elsewhere
-    ids = ids_on + (on - 1)                              # active ids, -1 elsewhere
-    running = torch.cummax(ids, dim=1).values
-    # At active positions the running maximum is >= the id; > means a decrease.
-    decreasing = (running - ids).mul_(on)
-    flags = torch.stack([ids_on.min(), ids.max(), decreasing.max()]) if ids.numel() \
-        else torch.tensor([0, -1, 0])
-    smallest, largest, worst_drop = flags.tolist()
-    if smallest < 0 or largest >= active.shape[1] or worst_drop > 0:
-        _raise_turn_id_error(on.bool(), ids, running, where)
-    return ids, largest
-
-
-def _raise_turn_id_error(active: Tensor, ids: Tensor, running: Tensor, where: str) -> None:
-    bad = active & (ids < 0)
-    if bool(bad.any()):
+    # Masks are applied by arithmetic: on CPU a torch.where over [B, T] costs as much as
+    # ten multiplications.
+    slot = turn_ids.long() * on                          # active ids, 0 elsewhere
+    lowest, highest = torch.stack([slot.min(), slot.max()]).tolist() if slot.numel() else (0, -1)
+    if lowest < 0:
+        bad = active.bool() & (turn_ids < 0)
         raise ValueError(f"{where}: turn_ids must be non-negative at every active loss token "
                          f"(rows {_rows(bad)})")
-    bad = active & (ids >= active.shape[1])
-    if bool(bad.any()):
+    if highest >= width:
+        bad = active.bool() & (turn_ids >= width)
         raise ValueError(f"{where}: turn_ids at active loss tokens must be smaller than the "
-                         f"sequence length {active.shape[1]} (rows {_rows(bad)})")
-    bad = active & (ids < running)
-    raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
-                     f"each row (rows {_rows(bad)})")
+                         f"sequence length {width} (rows {_rows(bad)})")
+    slot.add_(on)
+    n_slots = max(highest, -1) + 2
+    positions = torch.arange(width, device=active.device).expand(bs, width)
+    first = torch.full((bs, n_slots), width, device=active.device)
+    first.scatter_reduce_(1, slot, positions, reduce="amin")
+    last = torch.full((bs, n_slots), -1, device=active.device)
+    last.scatter_reduce_(1, slot, positions, reduce="amax")
+    first[:, 0], last[:, 0] = width, -1
+    # Ids never decrease along the active tokens exactly when every turn ends before any
+    # later turn starts (a cummax over [B, T] would cost more than both scatters).
+    later_first = first.flip(1).cummin(1).values.flip(1)[:, 1:]
+    bad = last[:, :-1] > later_first
+    if bool(bad.any()):
+        raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
+                         f"each row (rows {_rows(bad)})")
+    return slot, first, last
 
 
 def _rows(bad: Tensor) -> list[int]:
@@ -179,25 +184,24 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
-    ids, largest = _checked_turn_ids(loss_mask, turn_ids, "compute_turn_gae")
+    slot, first, last = _turn_slots(loss_mask, turn_ids, "compute_turn_gae")
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     rewards, values = rewards.to(dtype), values.to(dtype)
     mask = loss_mask.to(dtype)
-    # Slots 0..largest are the turn ids; one more slot, after them, collects the inactive
-    # tokens. It is never a timestep, and being last its advantage is 0, so gathering the
-    # slots back needs no mask. Sizing the slot axis by the largest id costs the host sync
-    # that validation already made, and keeps the scan on [B, n_turns] instead of [B, T].
-    n_slots = largest + 2
-    slot = ids.remainder(n_slots)                        # -1 -> the extra slot, n_slots - 1
-    turn_rewards = rewards.new_zeros(bs, n_slots).scatter_add_(1, slot, rewards)
-    positions = torch.arange(width, device=rewards.device).expand(bs, width)
-    first = torch.full((bs, n_slots), width, device=rewards.device)
-    first.scatter_reduce_(1, slot, positions, reduce="amin")
-    first[:, -1] = width
+    # Turn rewards as differences of one float64 running sum: a scatter_add into a handful
+    # of slots is slow on CPU (each add waits for the previous one to the same slot).
+    running = torch.zeros(bs, width + 1, dtype=torch.float64, device=rewards.device)
+    torch.cumsum((rewards * mask).double(), dim=1, out=running[:, 1:])
+    turn_rewards = (running.gather(1, last + 1) - running.gather(1, first)).to(dtype)
     present = (first < width).to(dtype)
-    turn_values = values.gather(1, first.clamp_(max=width - 1)).mul_(present)
+    turn_values = values.gather(1, first.clamp(max=width - 1)).mul_(present)
+    # The scan runs over [B, n_slots], sized by the largest turn id (the host sync that
+    # validation made anyway), not over [B, T].
     turn_adv = _masked_gae(turn_rewards, turn_values, present, bootstrap_values.to(dtype),
                            discount, _coefficient(discount, gae_lambda, dtype), dtype)
+    # Slot 0 (inactive tokens) is not a turn; with advantage 0 there, gathering the slots
+    # back needs no mask.
+    turn_adv[:, 0] = 0
     advantages = turn_adv.gather(1, slot)
     returns = torch.addcmul((turn_adv + turn_values).gather(1, slot), values, 1 - mask)
     return advantages, returns
