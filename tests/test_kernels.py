@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_adv import kernels
-from lightning_adv.kernels import compute_token_gae, compute_turn_gae
+from lightning_adv.kernels import compute_token_gae, compute_turn_gae, validate_turn_ids
 from lightning_adv.reference import token_gae_loop, turn_gae_loop, turn_gae_per_row
 
 TOL = 1e-5
@@ -276,6 +276,7 @@ def test_long_float32_rows_match_exact_sums(b, discount):
     1e-6,                                   # below MIN_CHUNKED_COEF: exact log-depth scan
     torch.tensor([0.05, 0.0, 1e-6, 1.0]),   # per row: chunked, closed form, exact scan, sums
     torch.tensor([1.2, -0.5, 0.9, 0.99]),   # λ functions may return anything finite
+    -0.5,                                   # a negative float λ: chunked, signed powers
 ])
 def test_scan_paths_match_loop(gae_lambda):
     gen = torch.Generator().manual_seed(3)
@@ -294,8 +295,9 @@ def test_scan_paths_match_loop(gae_lambda):
 
 
 def test_chunked_scan_uses_several_chunks():
-    """The multi-chunk path is exercised: γλ = 0.05 allows 200-step chunks."""
-    assert 1 < 1500 // kernels._chunk_size(abs(math.log(0.05)))
+    """The parametrized cases above reach the multi-chunk path: γλ = 0.05 allows 200-step
+    chunks, so a 1500-step row has several."""
+    assert kernels._chunk_size(abs(math.log(0.05))) < 1500 // 2
 
 
 def test_inputs_are_not_modified():
@@ -371,6 +373,18 @@ def test_turn_id_errors(ids, message):
     with pytest.raises(ValueError, match=f"compute_turn_gae: turn_ids .*{message}.*rows \\[0\\]"):
         compute_turn_gae(r, v, mask, torch.tensor(ids), bootstrap_values=torch.zeros(1),
                          discount=1.0, gae_lambda=1.0)
+
+
+def test_validate_turn_ids_rules():
+    active = torch.tensor([[False, True, True, False, True, True]])
+    validate_turn_ids(active, torch.tensor([[-1, 0, 0, -1, 3, 4]]))     # gaps, adjacent turns
+    validate_turn_ids(active, torch.tensor([[9, 2, 2, -5, 2, 2]]))      # one turn; junk off it
+    for ids, message in (([[-1, 0, -2, -1, 1, 1]], "non-negative"),
+                         ([[-1, 0, 0, -1, 6, 6]], "smaller than the sequence length 6"),
+                         ([[-1, 1, 1, -1, 0, 2]], "non-decreasing"),
+                         ([[-1, 0, 1, -1, 0, 1]], "non-decreasing")):
+        with pytest.raises(ValueError, match=f"where: turn_ids .*{message}"):
+            validate_turn_ids(active, torch.tensor(ids), where="where")
 
 
 def test_turn_id_dtype_and_shape_errors():
