@@ -255,6 +255,8 @@ def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, bootstrap: Tensor
     memory to fault in), so intermediate results are updated in place where possible.
     """
     bs, n = mask.shape
+    if mask.numel() == 0:
+        return rewards.new_zeros((bs, n), dtype=out_dtype)
     on = mask.bool().long()
     if not last_is_step:
         on[:, -1] = 0
