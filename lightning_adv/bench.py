@@ -24,7 +24,9 @@ sizes (the table says how many). Speed is reported here, never asserted in a tes
 from __future__ import annotations
 
 import argparse
+import cProfile
 import ctypes
+import pstats
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -283,6 +285,49 @@ def report(results: dict[tuple[str, int, int], dict[str, Case]]) -> str:
     return "\n".join(lines)
 
 
+#: The pipeline steps of ``AdvantageModule.forward`` as (file suffix, function name).
+PIPELINE_STEPS = (
+    ("module.py", "forward"),
+    ("rollout.py", "validate_batch"),
+    ("rollout.py", "apply_length_penalty"),
+    ("module.py", "shape_outcome"),
+    ("module.py", "normalize_rewards"),
+    ("rollout.py", "align_batch"),
+    ("rollout.py", "place_outcome"),
+    ("rollout.py", "temporal_inputs"),
+    ("module.py", "estimate"),
+    ("kernels.py", "compute_token_gae"),
+    ("module.py", "normalize_advantages"),
+    ("module.py", "shape_process"),
+    ("module.py", "_output"),
+)
+
+
+def profile_module(name: str, module: AdvantageModule, x: Inputs, calls: int) -> str:
+    """Time per call of each pipeline step (cProfile cumulative time), as markdown rows."""
+    for _ in range(2):
+        module(x.batch, x.meta)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        module(x.batch, x.meta)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    found = {}
+    for (path, _, func), (_, _, _, cumulative, _) in stats.items():
+        for suffix, step in PIPELINE_STEPS:
+            if func == step and path.endswith(suffix):
+                found[step] = found.get(step, 0.0) + cumulative / calls
+    total = found.get("forward", float("nan"))
+    rows = []
+    for _, step in PIPELINE_STEPS:
+        if step in found:
+            label = "kernel (inside estimate)" if step == "compute_token_gae" else step
+            rows.append(f"| {name} | {label} | {_fmt_time(found[step])} | "
+                        f"{100 * found[step] / total:.0f}% |")
+    return "\n".join(rows)
+
+
 def tune_malloc() -> bool:
     """Stop glibc from returning large freed blocks to the OS (``mallopt``), as jemalloc or
     tcmalloc would. With glibc's defaults every call gets fresh pages for its [B, T]
@@ -325,6 +370,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="'all' = CPU, plus CUDA when available")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--profile-module", action="store_true",
+                        help="also print where AdvantageModule spends its time, step by step "
+                             "(cProfile, CPU, the largest size)")
     parser.add_argument("--tune-malloc", action="store_true",
                         help="keep freed memory in the process (glibc mallopt), so large "
                              "temporaries are not page-faulted in on every call")
@@ -355,6 +403,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             results[(device.type, bs, width)] = bench_size(bs, width, device, args.repeats)
     print()
     print(report(results))
+    if args.profile_module:
+        bs, width = max(args.sizes, key=lambda size: size[0] * size[1])
+        x = realistic_inputs(bs, width, torch.device("cpu"))
+        grpo = ActorConfig(kl_ctl=0.0, reward_norm=NormConfig(mean_level="group", std_level="group"))
+        print(f"### AdvantageModule by pipeline step (cpu, {bs}×{width}, cProfile, per call)\n")
+        print("| config | step | time | share |")
+        print("|---|---|---|---|")
+        print(profile_module("default", AdvantageModule(ActorConfig()), x, args.repeats))
+        print(profile_module("GRPO", AdvantageModule(grpo), x, args.repeats))
+        print()
 
 
 if __name__ == "__main__":
