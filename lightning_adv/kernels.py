@@ -124,7 +124,7 @@ def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, T
     # Masks are applied by arithmetic: on CPU a torch.where over [B, T] costs as much as
     # ten multiplications.
     slot = turn_ids.long() * on                          # active ids, 0 elsewhere
-    lowest, highest = torch.stack([slot.min(), slot.max()]).tolist() if slot.numel() else (0, -1)
+    lowest, highest = torch.stack(torch.aminmax(slot)).tolist() if slot.numel() else (0, -1)
     if lowest < 0:
         bad = active.bool() & (turn_ids < 0)
         raise ValueError(f"{where}: turn_ids must be non-negative at every active loss token "
@@ -141,10 +141,10 @@ def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, T
     last = torch.full((bs, n_slots), -1, device=active.device)
     last.scatter_reduce_(1, slot, positions, reduce="amax")
     first[:, 0], last[:, 0] = width, -1
-    # Ids never decrease along the active tokens exactly when every turn ends before any
-    # later turn starts (a cummax over [B, T] would cost more than both scatters).
-    later_first = first.flip(1).cummin(1).values.flip(1)[:, 1:]
-    bad = last[:, :-1] > later_first
+    # Ids never decrease along the active tokens exactly when every turn starts after all
+    # earlier turns have ended (a cummax over [B, T] would cost more than both scatters).
+    # Empty slots (first = T, last = -1) can never fail.
+    bad = last.cummax(1).values[:, :-1] > first[:, 1:]
     if bool(bad.any()):
         raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
                          f"each row (rows {_rows(bad)})")
