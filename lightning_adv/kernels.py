@@ -237,7 +237,10 @@ def _coefficient(discount: float, gae_lambda: Lambda, dtype: torch.dtype) -> Uni
     if isinstance(coef, Tensor):
         return coef.to(torch.float64)
     if dtype == torch.float32:
-        return struct.unpack("f", struct.pack("f", coef))[0]
+        try:
+            return struct.unpack("f", struct.pack("f", coef))[0]
+        except OverflowError:           # beyond float32's range: the loop would see inf
+            return math.copysign(math.inf, coef)
     return float(coef)
 
 
