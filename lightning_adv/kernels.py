@@ -91,6 +91,9 @@ def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor
     if isinstance(gae_lambda, Tensor) and tuple(gae_lambda.shape) != shape[:1]:
         raise ValueError(f"{name}: a gae_lambda tensor must have shape [{shape[0]}], got "
                          f"{list(gae_lambda.shape)}")
+    for key, t in (("bootstrap_values", bootstrap), ("gae_lambda", gae_lambda)):
+        if isinstance(t, Tensor) and t.device != rewards.device:
+            raise ValueError(f"{name}: {key} is on {t.device}, rewards on {rewards.device}")
     return shape
 
 

@@ -377,6 +377,10 @@ def test_shape_and_device_errors(fn):
         call(r, v, m, lam=torch.ones(3))
     with pytest.raises(ValueError, match=r"values is on meta"):
         call(r, torch.zeros(2, 5, device="meta"), m)
+    with pytest.raises(ValueError, match=r"bootstrap_values is on meta"):
+        call(r, v, m, boot=torch.zeros(2, device="meta"))
+    with pytest.raises(ValueError, match=r"gae_lambda is on meta"):
+        call(r, v, m, lam=torch.ones(2, device="meta"))
 
 
 @pytest.mark.parametrize("ids, message", [
