@@ -114,7 +114,7 @@ def test_leave_one_out_over_identical_rewards_gives_zeros(case, norm, value):
     norm = dataclasses.replace(norm, mean_level="group", mean_leave1out=True)
     trajs = copy.deepcopy(case.trajectories)
     for t in trajs:
-        t["rewards"] = torch.full_like(t["rewards"], value)
+        t["rewards"] = torch.full(t["rewards"].shape, value)  # float even for int rewards
         group = t.get("rollout_group")
         if group is not None:  # explicit references identical to the rewards
             t["rollout_group"] = RolloutGroup(group.row_counts,
