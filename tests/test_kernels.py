@@ -335,8 +335,9 @@ def next_batch(gen, bs=3, width=40):
                 discount=0.9, gae_lambda=torch.rand(bs, generator=gen))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_matches_cpu():
+    assert torch.cuda.is_available(), "run with -m cuda on a machine with a CUDA device"
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         b = next_batch(gen, bs=8, width=700)
