@@ -265,7 +265,7 @@ class AdvantageModule(nn.Module):
                    tot_rewards=temporal.total_rewards, kl_rewards=aligned.kl_rewards,
                    is_truncated=aligned.is_truncated, input_token_loss_mask=batch["loss_mask"])
         if aligned.prox_logp is not None:
-            out["prox_logp"] = aligned.prox_logp.clone()
+            out["prox_logp"] = aligned.prox_logp  # the old log-probs, as in the legacy code
         if batch.get("ref_logp") is not None:
             out["ref_logp"] = aligned.ref_logp
         if aligned.mopd_behavior_logprobs is not None:

@@ -48,6 +48,8 @@ class RolloutInfo:
     """[B] long: attended tokens per row"""
     is_truncated: Tensor
     """[B] bool: explicit ``is_truncated`` if given, else ``seqlen == T``"""
+    loss_mask: Tensor
+    """[B, T] float32 0/1: the token-aligned loss mask"""
 
 
 def _fail(key: str, expected: str, got: Any, exc: type[Exception] = ValueError) -> None:
@@ -81,6 +83,43 @@ def _check_binary(key: str, x: Tensor) -> None:
             return
     if not bool(((x == 0) | (x == 1)).all()):
         _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+
+
+def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
+    """Seqlens [B] and the float token-aligned loss mask, once the masks are known to be 0/1.
+
+    Checks that the attention mask is right-padded, that generated tokens lie inside it and
+    that column 0 is not generated. The common (valid) case is decided with row sums and
+    one small matrix product in float32, exact for integer sums below 2**24: elementwise
+    boolean tensors over [B, T] cost several times more. They are built only to name the
+    rows of an error.
+    """
+    width = attention.shape[1]
+    att, active = attention.float(), loss.float()
+    seqlens = att.sum(dim=1)
+    # The s ones of a row sit at positions 0..s-1 exactly when their positions sum to
+    # s(s-1)/2; positions split as 64*hi + lo keep every partial sum exact in float32.
+    right_padded = False
+    if width <= 32768:
+        pos = torch.arange(width, device=att.device)
+        # two matrix-vector products: a [T, 2] matrix would take a much slower GEMM path
+        weighted = (att @ (pos // 64).float()).double() * 64 + (att @ (pos % 64).float()).double()
+        s = seqlens.double()
+        right_padded = bool((weighted == s * (s - 1) / 2).all())
+    if not right_padded:
+        on = attention.bool()
+        gaps = (on[:, 1:] & ~on[:, :-1]).any(dim=1)
+        if bool(gaps.any()):
+            _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
+                  f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
+    outside = (active * att).sum(dim=1) != active.sum(dim=1)
+    if bool(outside.any()):
+        _fail("loss_mask", "generated tokens only where attention_mask is 1",
+              f"generated tokens on padding in rows {outside.nonzero().flatten().tolist()[:10]}")
+    if bool(active[:, 0].any()):
+        _fail("loss_mask", "0 in column 0 (the first token is a prompt token; nothing predicts "
+              "it)", f"1 in rows {active[:, 0].nonzero().flatten().tolist()[:10]}")
+    return seqlens.long(), active
 
 
 def validate_batch(batch: Any, meta: Optional[BatchMeta], config: ActorConfig) -> RolloutInfo:
@@ -120,19 +159,7 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta], config: ActorConfig) -
     for key in MASK_KEYS:
         _check_binary(key, batch[key])
 
-    attention = batch["attention_mask"].bool()
-    if bool((attention[:, 1:] & ~attention[:, :-1]).any()):
-        rows = (attention[:, 1:] & ~attention[:, :-1]).any(dim=1).nonzero().flatten().tolist()
-        _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
-              f"gaps in rows {rows[:10]}")
-    active = batch["loss_mask"].bool()
-    if bool((active & ~attention).any()):
-        rows = (active & ~attention).any(dim=1).nonzero().flatten().tolist()
-        _fail("loss_mask", "generated tokens only where attention_mask is 1",
-              f"generated tokens on padding in rows {rows[:10]}")
-    if bool(active[:, 0].any()):
-        _fail("loss_mask", "0 in column 0 (the first token is a prompt token; nothing predicts "
-              "it)", f"1 in rows {active[:, 0].nonzero().flatten().tolist()[:10]}")
+    seqlens, loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
 
     rewards = batch["rewards"]
     if not isinstance(rewards, Tensor) or tuple(rewards.shape) != (bs,):
@@ -144,7 +171,6 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta], config: ActorConfig) -
     if rewards.is_floating_point():
         _check_finite("rewards", rewards)
 
-    seqlens = attention.sum(dim=1)
     truncated = batch.get("is_truncated")
     if truncated is None:
         truncated = seqlens == width
@@ -168,7 +194,7 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta], config: ActorConfig) -
         if meta.batch_size != bs:
             raise ValueError(f"meta.traj_group_sizes: {meta.traj_group_sizes} sum to "
                              f"{meta.batch_size} rows, but the rollout batch has {bs}")
-    return RolloutInfo(bs, width, device, seqlens, truncated)
+    return RolloutInfo(bs, width, device, seqlens, truncated, loss_mask)
 
 
 def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig) -> Tensor:
@@ -193,15 +219,15 @@ def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig
 
 def kl_penalty(old: Tensor, ref: Tensor, kl_ctl: float, estimator: str) -> Tensor:
     """``-kl_ctl * clamp(k(old, ref), -10, 10)`` with Schulman's k1/k2/k3 estimators."""
-    d = old.float() - ref.float()
-    if estimator == "k1":
-        est = d
-    elif estimator == "k2":
-        est = d * d / 2.0
-    else:
-        log_ratio = -d
-        est = log_ratio.exp() - 1 - log_ratio
-    return -kl_ctl * est.clamp(min=-10, max=10)
+    if kl_ctl == 0:
+        return torch.zeros_like(old, dtype=torch.float32)
+    d = old.float() - ref.float()  # a new tensor: the steps below work in place on it
+    if estimator == "k2":
+        d.square_().div_(2.0)
+    elif estimator == "k3":
+        log_ratio = d.neg_()
+        d = log_ratio.exp().sub_(1).sub_(log_ratio)
+    return d.clamp_(min=-10, max=10).mul_(-kl_ctl)
 
 
 @dataclass(frozen=True)
@@ -217,8 +243,6 @@ class AlignedBatch:
     """the ``prox_logp`` output, or None to pass the input through (decoupled loss)"""
     mopd_behavior_logprobs: Optional[Tensor]
     kl_rewards: Tensor
-    gae_kl: Tensor
-    """KL rewards with each row's last valid position zeroed (what enters GAE)"""
     folded_token_rewards: Optional[Tensor]
     direct_token_rewards: Optional[Tensor]
     values: Tensor
@@ -234,7 +258,7 @@ def align_batch(batch: Mapping[str, Any], info: RolloutInfo, config: ActorConfig
     ``turn_ids_needed_by`` names the stage that needs ``turn_ids`` (for the error message).
     """
     rows = torch.arange(info.batch_size, device=info.device)
-    mask = shift_left(batch["loss_mask"].bool().float())
+    mask = shift_left(info.loss_mask)
     turn_ids = None
     if present(batch, "turn_ids"):
         turn_ids = shift_left(batch["turn_ids"])
@@ -252,14 +276,15 @@ def align_batch(batch: Mapping[str, Any], info: RolloutInfo, config: ActorConfig
                              "the batch has none; compute it before the advantages")
         old = batch["prox_logp"] * mask
     else:
-        old = shift_left(logprobs) * mask
+        old = shift_left(logprobs).mul_(mask)
     prox = None if config.use_decoupled_loss else old
     ref = batch["ref_logp"] * mask if present(batch, "ref_logp") else torch.zeros_like(old)
 
+    # The legacy code zeroes the KL at each row's last valid position before GAE. Both
+    # log-probs are masked there (the position after the last token is never active, and
+    # column 0 is never generated), so the KL is already 0 and the same tensor serves.
     kl = kl_penalty(old, ref, config.kl_ctl, config.kl_estimator)
     last_valid = (info.seqlens - 1).clamp(min=0)
-    gae_kl = kl.clone()
-    gae_kl[rows, last_valid] = 0
 
     folded = direct = None
     if present(batch, "token_rewards"):
@@ -274,7 +299,7 @@ def align_batch(batch: Mapping[str, Any], info: RolloutInfo, config: ActorConfig
 
     values = batch["values"].float() if present(batch, "values") else torch.zeros_like(mask)
     bootstrap = values[rows, last_valid]
-    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, kl, gae_kl, folded, direct,
+    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, kl, folded, direct,
                         values, bootstrap, info.is_truncated, info)
 
 
@@ -328,7 +353,7 @@ def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig) ->
 def temporal_inputs(aligned: AlignedBatch, outcome: Tensor, config: ActorConfig,
                     meta: Optional[BatchMeta]) -> TemporalInputs:
     return TemporalInputs(
-        outcome_rewards=outcome, kl_rewards=aligned.gae_kl,
+        outcome_rewards=outcome, kl_rewards=aligned.kl_rewards,
         process_rewards=aligned.folded_token_rewards, values=aligned.values,
         loss_mask=aligned.loss_mask, turn_ids=aligned.turn_ids,
         bootstrap_values=aligned.bootstrap_values, is_truncated=aligned.is_truncated,
