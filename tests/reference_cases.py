@@ -41,8 +41,8 @@ def actor_config(case: dict) -> ActorConfig:
     return ActorConfig(**cfg)
 
 
-def build_case(case: dict):
-    """The module, batch, meta and prm of one case, built as the reference README says."""
+def build_inputs(case: dict):
+    """The batch, meta and call-time prm of one case, built as the reference README says."""
     trajs = copy.deepcopy(case["trajectories"])
     for t in trajs:
         if t.get("rollout_group") is not None:
@@ -54,6 +54,12 @@ def build_case(case: dict):
                                     zero_penalty=call["gvpo_zero_penalty"],
                                     zero_eps=call["gvpo_zero_eps"])
     batch, meta = concat_batch(trajs)
+    return batch, meta, prm
+
+
+def build_case(case: dict):
+    """The module, batch, meta and prm of one case."""
+    batch, meta, prm = build_inputs(case)
     return AdvantageModule(actor_config(case)), batch, meta, prm
 
 

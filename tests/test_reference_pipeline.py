@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from lightning_adv import PRMAdvantageShapingConfig, RolloutGroup, concat_batch
-from tests.reference_cases import actor_config, case_paths, load_case, mismatches
+from tests.reference_cases import actor_config, build_inputs, case_paths, load_case, mismatches
 from tests.reference_pipeline import SpecError, reference_advantages
 
 PATHS = case_paths()
 
 
 def run_reference(case: dict) -> dict:
-    trajs = copy.deepcopy(case["trajectories"])
-    for t in trajs:
-        if t.get("rollout_group") is not None:
-            g = t["rollout_group"]
-            t["rollout_group"] = RolloutGroup(tuple(g["row_counts"]), tuple(g["rewards"]))
-    call = case["call"]
-    prm = PRMAdvantageShapingConfig(mode=call["advantage_shaping_mode"],
-                                    negative_scale=call["gvpo_negative_scale"],
-                                    zero_penalty=call["gvpo_zero_penalty"],
-                                    zero_eps=call["gvpo_zero_eps"])
-    batch, meta = concat_batch(trajs)
+    batch, meta, prm = build_inputs(case)
     return reference_advantages(batch, meta, actor_config(case), prm)
 
 
