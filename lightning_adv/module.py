@@ -21,7 +21,8 @@ from lightning_adv.contracts import (
     check_process_result, check_temporal_result, read_only)
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
-from lightning_adv.normalization import affine_parameters, any_across_ranks, normalize
+from lightning_adv.distributed import PeerRankFailed, any_across_ranks, check_peers, report_failure
+from lightning_adv.normalization import affine_parameters, normalize
 from lightning_adv.rollout import (
     AlignedBatch, RolloutInfo, align_batch, apply_length_penalty, place_outcome, temporal_inputs,
     validate_batch)
@@ -67,11 +68,20 @@ class AdvantageModule(nn.Module):
     @torch.no_grad()
     def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
-        info = validate_batch(batch, meta, self.config)
-        self._check_prm(prm)
-        if self.config.advantage.is_replaced:
-            return self.compute_replacement(batch, meta, prm, info)
-        return self.compute_default(batch, meta, prm, info)
+        try:
+            info = validate_batch(batch, meta, self.config)
+            self._check_prm(prm)
+            compute = (self.compute_replacement if self.config.advantage.is_replaced
+                       else self.compute_default)
+            out = compute(batch, meta, prm, info)
+        except PeerRankFailed:
+            raise
+        except Exception:
+            # Under DDP the other ranks may be waiting in a collective: let them fail too.
+            report_failure(_device_of(batch))
+            raise
+        check_peers(info.device)  # a peer may have failed after this rank's last collective
+        return out
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                         prm: Optional[PRMAdvantageShapingConfig], info: RolloutInfo) -> dict[str, Any]:
@@ -271,6 +281,11 @@ class AdvantageModule(nn.Module):
         if aligned.mopd_behavior_logprobs is not None:
             out["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
         return out
+
+
+def _device_of(batch: Any) -> Optional[torch.device]:
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    return ids.device if isinstance(ids, Tensor) else None
 
 
 def _n_logical(meta: Optional[BatchMeta]) -> Optional[int]:

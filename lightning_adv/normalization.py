@@ -14,31 +14,10 @@ from collections.abc import Sequence
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from lightning_adv.config import NormConfig
-
-
-def distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def all_reduce_sum(values: Tensor) -> Tensor:
-    """Sum ``values`` over the data-parallel group (identity in a single process)."""
-    if distributed():
-        values = values.clone()
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
-def any_across_ranks(flag: bool, device: torch.device) -> bool:
-    """True if ``flag`` is true on any rank, so every rank raises the same error together."""
-    if not distributed():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+from lightning_adv.distributed import all_reduce_sum, any_across_ranks
 
 
 def group_slices(batch_size: int, group_sizes: Optional[Sequence[int]], group_size: int,

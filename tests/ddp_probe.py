@@ -15,12 +15,16 @@ import torch
 from lightning_adv import ActorConfig, AdvantageModule, RolloutGroup, concat_batch
 
 
-def prompt_groups(seed: int = 0, n_prompts: int = 4, broken_prompt: int | None = None) -> list[dict]:
+def prompt_groups(seed: int = 0, n_prompts: int = 4,
+                  broken: tuple[int, str] | None = None) -> list[dict]:
     """Prompt groups of different sizes and widths, some split into logical rollouts.
 
-    ``broken_prompt`` drops that prompt's explicit reference and gives the two rows of its
-    split rollout different rewards (invalid under reward normalization).
+    ``broken = (prompt, kind)`` spoils one prompt: ``split_rows`` drops its explicit
+    reference and gives the two rows of its split rollout different rewards (invalid under
+    reward normalization); ``tool_tail`` makes its first row end with a non-generated
+    token; ``process_range`` puts a process reward of 1.5 on a generated token.
     """
+    broken_prompt, kind = broken if broken is not None else (None, None)
     g = torch.Generator().manual_seed(seed)
     groups = []
     for p in range(n_prompts):
@@ -36,17 +40,25 @@ def prompt_groups(seed: int = 0, n_prompts: int = 4, broken_prompt: int | None =
         rewards = torch.randint(0, 3, (rows,), generator=g).float()
         group = None
         if p % 2 == 1:  # two rows of one logical rollout with an explicit reference
-            reference = None if p == broken_prompt else 0.5
+            reference = None if (p, kind) == (broken_prompt, "split_rows") else 0.5
             group = RolloutGroup((2,) + (1,) * (rows - 2), (reference,) + (None,) * (rows - 2))
-            if p == broken_prompt:
+            if (p, kind) == (broken_prompt, "split_rows"):
                 rewards[1] = rewards[0] + 1
+        if (p, kind) == (broken_prompt, "tool_tail"):
+            last = int(attention[0].sum()) - 1
+            loss[0, last] = 0
+            loss[0, prompt_len] = 1
+        token_rewards = torch.rand(rows, width, generator=g) * loss
+        if (p, kind) == (broken_prompt, "process_range"):
+            token_rewards[0, prompt_len] = 1.5
+            loss[0, prompt_len] = 1
         groups.append({
             "input_ids": torch.randint(1, 50, (rows, width), generator=g) * attention,
             "attention_mask": attention, "loss_mask": loss,
             "logprobs": -torch.rand(rows, width, generator=g) * loss,
             "ref_logp": -torch.rand(rows, width, generator=g) * attention,
             "values": torch.randn(rows, width, generator=g) * attention,
-            "rewards": rewards, "rollout_group": group,
+            "token_rewards": token_rewards, "rewards": rewards, "rollout_group": group,
             # Explicit: the "row fills the padded width" fallback depends on the padding,
             # which differs between one process and a rank.
             "is_truncated": torch.rand(rows, generator=g) < 0.3,
@@ -66,7 +78,7 @@ class AdvantageProbe(L.LightningModule):
     """Rank r takes prompt groups [r * k, (r + 1) * k) of the global batch."""
 
     def __init__(self, configs: dict, out_dir: str, n_prompts: int = 4,
-                 broken: dict[str, int] | None = None):
+                 broken: dict[str, tuple[int, str]] | None = None):
         super().__init__()
         self.configs = configs
         self.broken = broken or {}
@@ -83,11 +95,11 @@ class AdvantageProbe(L.LightningModule):
         mine = slice(self.global_rank * per_rank, (self.global_rank + 1) * per_rank)
         results = {}
         for name, config in self.configs.items():
-            groups = prompt_groups(n_prompts=self.n_prompts, broken_prompt=self.broken.get(name))
+            groups = prompt_groups(n_prompts=self.n_prompts, broken=self.broken.get(name))
             try:
                 results[name] = advantages(ActorConfig(**config), groups[mine])
-            except ValueError as exc:
-                results[name] = {"error": str(exc)}
+            except (ValueError, RuntimeError) as exc:
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.save(results, Path(self.out_dir) / f"rank{self.global_rank}.pt")
 
     def configure_optimizers(self):

@@ -23,7 +23,14 @@ CONFIGS = {
     "gpg": RECIPES["gpg"],
     "reinforce_pp": RECIPES["reinforce_pp"],
     "split_rows_disagree": {"reward_norm": {"mean_level": "batch", "std_level": "batch"}},
+    # Errors raised on one rank only, before and after the collectives.
+    "dropped_reward_on_rank0": {"dropped_outcome_reward": "raise",
+                                "adv_norm": {"mean_level": "batch", "std_level": "batch"}},
+    "process_range_on_rank1": {"adv_norm": {"mean_level": "batch", "std_level": "batch"},
+                               "advantage": {"process_adv_shaping": "process_weighted"}},
 }
+BROKEN = {"split_rows_disagree": (3, "split_rows"), "dropped_reward_on_rank0": (0, "tool_tail"),
+          "process_range_on_rank1": (2, "process_range")}
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +39,11 @@ def ddp_results(tmp_path_factory):
     trainer = L.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    trainer.fit(AdvantageProbe(CONFIGS, str(out), broken={"split_rows_disagree": 3}))
+    trainer.fit(AdvantageProbe(CONFIGS, str(out), broken=BROKEN))
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "split_rows_disagree"])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in BROKEN])
 def test_two_ranks_match_a_single_process(ddp_results, name):
     single = advantages(ActorConfig(**CONFIGS[name]), prompt_groups())
     rows0 = ddp_results[0][name]["rewards"].shape[0]
@@ -56,3 +63,15 @@ def test_a_bad_batch_on_one_rank_raises_on_every_rank(ddp_results):
     # must raise together (a lone raise would leave the other rank hanging in a collective).
     for rank in range(2):
         assert "split rollout" in ddp_results[rank]["split_rows_disagree"]["error"], rank
+
+
+@pytest.mark.parametrize("name, failing_rank, message", [
+    ("dropped_reward_on_rank0", 0, "inactive position"),
+    ("process_range_on_rank1", 1, "process_weighted"),
+])
+def test_an_error_on_one_rank_fails_its_peers_instead_of_hanging(ddp_results, name, failing_rank,
+                                                                 message):
+    # The failing rank raises its own error; the other one, waiting in a collective (or at
+    # the end of its forward), raises PeerRankFailed instead of hanging.
+    assert message in ddp_results[failing_rank][name]["error"]
+    assert ddp_results[1 - failing_rank][name]["error"].startswith("PeerRankFailed: another")

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.contracts import OutcomeResult, OutcomeRewardInputs
-from lightning_adv.normalization import all_reduce_sum
+from lightning_adv.distributed import all_reduce_sum
 
 
 def identity(inputs: OutcomeRewardInputs) -> OutcomeResult:

@@ -35,6 +35,7 @@ from torch import Tensor
 from lightning_adv.config import (
     ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs, check_process_mode,
     is_dotted_path)
+from lightning_adv.distributed import report_failure
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
 from lightning_adv.resolve import import_object, resolve_callable
@@ -284,8 +285,14 @@ class PPOModule(pl.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> None:
         step, rank = self.rollout_step, self.global_rank
-        groups = self.rollout(batch.tolist(), generator(self.seed, "rollout", step, rank))
-        rollout, meta = self.make_batch(groups)
+        try:
+            groups = self.rollout(batch.tolist(), generator(self.seed, "rollout", step, rank))
+            rollout, meta = self.make_batch(groups)
+        except Exception:
+            # A task function failing on this rank only: the other ranks are about to wait
+            # in the advantage module's collectives; let them fail too.
+            report_failure(self.device)
+            raise
         out = self.advantage(rollout, meta, prm=self.prm_shaping)
         self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
         self.log_step(rollout, out, groups)
