@@ -138,7 +138,7 @@ class NormConfig:
     std_unbiased: bool = True
     """use the unbiased (n-1) standard deviation"""
     eps: float = 1e-5
-    """added to the std before dividing"""
+    """added to the std before dividing (> 0, so an all-equal group cannot divide 0 by 0)"""
     group_size: int = 1
     """rows per group when the batch carries no metadata (fixed-size slices)"""
 
@@ -151,6 +151,9 @@ class NormConfig:
         _check_bool(f"{key}.mean_leave1out", self.mean_leave1out)
         _check_bool(f"{key}.std_unbiased", self.std_unbiased)
         _check_number(f"{key}.eps", self.eps, minimum=0.0)
+        if self.eps == 0:
+            _fail(f"{key}.eps", "a number > 0 (with eps 0 a group of equal values divides 0 by 0)",
+                  self.eps)
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
             _fail(f"{key}.group_size", "a positive integer", self.group_size)
 
@@ -245,6 +248,10 @@ def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
         for name, value in spec.kwargs.items():
             if name == "std_normalize":
                 _check_bool(f"{key}.kwargs.{name}", value)
+            elif name == "eps":
+                _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
+                if value == 0:
+                    _fail(f"{key}.kwargs.eps", "a number > 0", value)
             else:  # every other built-in kwarg is a non-negative finite number
                 _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
         return
@@ -365,8 +372,7 @@ class ActorConfig:
             check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
         else:
             _check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
-            if not isinstance(self.gae_lambda_kwargs, Mapping):
-                _fail(f"{key}.gae_lambda_kwargs", "a mapping", self.gae_lambda_kwargs)
+            check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs or {})
         _set(self, "gae_lambda_kwargs", dict(self.gae_lambda_kwargs or {}))
 
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -149,8 +148,39 @@ class AdvantageResult:
     """optional extra outputs; only the keys in ALLOWED_EXTRAS"""
 
 
-def read_only(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    return data if isinstance(data, MappingProxyType) else MappingProxyType(dict(data))
+class ReadOnlyData(Mapping):
+    """The batch as a stage sees it: readable like a dict, never writable.
+
+    Adding, replacing or deleting a key raises :class:`AdvantageContractError` naming the
+    stage (``owner``, set by the module before the stage runs).
+    """
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._data = dict(data)
+        self.owner = "a stage"
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyData({self._data!r})"
+
+    def _refuse(self, key: Any, *_: Any) -> None:
+        raise AdvantageContractError(
+            f"{self.owner}: input data is read-only (tried to set or delete {key!r}); build a new "
+            f"dict or return new tensors instead")
+
+    __setitem__ = __delitem__ = _refuse
+
+
+def read_only(data: Mapping[str, Any]) -> ReadOnlyData:
+    return data if isinstance(data, ReadOnlyData) else ReadOnlyData(data)
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,7 +188,7 @@ def read_only(data: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class StageCall:
-    """Runs one user stage function and enforces its contract."""
+    """The checks around one call of a user stage: inputs before and after, and its result."""
 
     def __init__(self, where: str, inputs: Any, task_rewards: Optional[Tensor],
                  batch_size: int, width: int, device: torch.device):
@@ -171,7 +201,8 @@ class StageCall:
         self._tensors = dict(_input_tensors(inputs))
         self._versions = {name: t._version for name, t in self._tensors.items()}
         data = getattr(inputs, "data", None)
-        self._keys = set(data) if isinstance(data, Mapping) else None
+        if isinstance(data, ReadOnlyData):
+            data.owner = where
 
     def fail(self, field_name: str, expected: str, got: Any) -> None:
         raise AdvantageContractError(f"{self.where}: {field_name}: expected {expected}, got {got}")
@@ -182,13 +213,6 @@ class StageCall:
                 raise AdvantageContractError(
                     f"{self.where}: input {name} was modified in place; stage functions must "
                     f"return new tensors and leave their inputs unchanged")
-        if self._keys is not None:
-            keys = set(self.inputs.data)
-            if keys != self._keys:
-                added, removed = sorted(keys - self._keys), sorted(self._keys - keys)
-                raise AdvantageContractError(
-                    f"{self.where}: input data keys changed (added {added}, removed {removed}); "
-                    f"the input mapping must not be modified")
 
     def tensor(self, field_name: str, value: Any, shape: tuple[int, ...], *,
                allow_task_integers: bool = False, binary: bool = False) -> Tensor:

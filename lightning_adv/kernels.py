@@ -189,20 +189,21 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
 
 
 def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tensor, *,
-                     bootstrap_values: Tensor, discount: float,
-                     gae_lambda: Lambda) -> tuple[Tensor, Tensor]:
+                     bootstrap_values: Tensor, discount: float, gae_lambda: Lambda,
+                     where: str = "compute_turn_gae") -> tuple[Tensor, Tensor]:
     """GAE with each generated turn as one timestep. Returns ``(advantages, returns)``.
 
     A turn's reward is the sum of its active positions' rewards and its value is the value
     at its first active position. Every active token gets its turn's advantage and turn
     return; inactive positions get advantage 0 and return ``values``. Turn ids may skip
     numbers; only turns with active tokens are timesteps. The last turn of a row
-    bootstraps from ``bootstrap_values`` (0 for rows that ended with EOS).
+    bootstraps from ``bootstrap_values`` (0 for rows that ended with EOS). ``where`` prefixes
+    the turn-id errors (a caller names its stage and batch key).
     """
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
-    slot, first, last = _turn_slots(loss_mask, turn_ids, "compute_turn_gae")
+    slot, first, last = _turn_slots(loss_mask, turn_ids, where)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     rewards, values = rewards.to(dtype), values.to(dtype)
     mask = loss_mask.to(dtype)
@@ -272,8 +273,8 @@ def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, bootstrap: Tensor
     torch.cumsum(on, dim=1, out=counts[:, 1:])
     # The value of each rank (slot = rank), with the bootstrap value in the slot after the
     # last rank; counts[:, t + 1] is then the slot of step t's next value. Inactive steps
-    # write to a scratch area past slot n: a plain scatter to unique slots is several
-    # times cheaper than a masked scatter_add on CPU.
+    # write to scratch slots past slot n that are never read (neighbours may share one):
+    # a plain scatter is several times cheaper than a masked scatter_add on CPU.
     slots = on.mul_(-(n + 1)).add_(counts[:, :n]).add_(n + 1)
     by_rank = values.new_zeros(bs, 2 * n + 2).scatter_(1, slots, values)
     by_rank.scatter_(1, counts[:, n:], bootstrap[:, None])
@@ -354,7 +355,8 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
         powers = (coef ** exponents).expand(bs, chunk + 1)
     if n_chunks == 1:
         scale = powers.gather(1, counts[:, :n])                  # c**q_t
-        sums = deltas.double().mul_(scale).flip(1).cumsum_(1).flip(1)
+        # copy=True: a float64 caller's deltas must survive (the exact-scan rows reuse them)
+        sums = deltas.to(torch.float64, copy=True).mul_(scale).flip(1).cumsum_(1).flip(1)
         return sums.div_(scale).to(out_dtype)
     # Padding steps are inactive: δ = 0 and the count stays at the row's total.
     deltas = torch.nn.functional.pad(deltas, (0, n_pad - n))

@@ -8,6 +8,8 @@ dict context keep working.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -108,7 +110,25 @@ def build_lambda_context(loss_mask: Tensor, turn_ids: Tensor | None, unit: str,
 
 
 def resolve_lambda_fn(path: str, kwargs: Mapping[str, Any], key: str) -> Callable[..., Any]:
-    return resolve_callable(path, kwargs, key, positional=1)
+    """Import a lambda function once per (path, kwargs) and check its kwargs by calling it.
+
+    The probe call (lengths 0, 1, 2, 7) runs when the module is built, so bad kwargs
+    (``alpha: -1``) fail before training instead of at the first batch.
+    """
+    return _resolve_lambda(path, json.dumps(dict(kwargs), sort_keys=True), key)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve_lambda(path: str, kwargs_json: str, key: str) -> Callable[..., Any]:
+    kwargs = json.loads(kwargs_json)
+    fn = resolve_callable(path, kwargs, key, positional=1)
+    lengths = torch.tensor([0, 1, 2, 7])
+    try:
+        lam = fn(GAELambdaContext(lengths, lengths, lengths), **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{key}: {path!r} rejects kwargs {kwargs}: {exc}") from None
+    check_lambda(lam, 4, lengths.device, f"{key} {path!r} (probe call with lengths 0, 1, 2, 7)")
+    return fn
 
 
 def compute_gae_lambda(inputs: "TemporalInputs", unit: str) -> Union[float, Tensor]:
@@ -125,8 +145,9 @@ def compute_gae_lambda(inputs: "TemporalInputs", unit: str) -> Union[float, Tens
         return float(config.gae_lambda)
     key = "actor.gae_lambda"
     fn = resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, key)
-    context = build_lambda_context(inputs.loss_mask, inputs.turn_ids, unit,
-                                   where=f"{key} {config.gae_lambda!r}")
+    context = build_lambda_context(
+        inputs.loss_mask, inputs.turn_ids, unit,
+        where=f"{key} {config.gae_lambda!r}: rollout batch 'turn_ids' (shifted one step left)")
     lam = fn(context, **config.gae_lambda_kwargs)
     return check_lambda(lam, inputs.loss_mask.shape[0], inputs.loss_mask.device,
                         f"{key} {config.gae_lambda!r}")

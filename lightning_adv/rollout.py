@@ -156,6 +156,10 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta], config: ActorConfig) -
             _check_finite(key, x)
         elif x.is_complex():
             _fail(key, "a real tensor", x.dtype)
+        elif key == "turn_ids" and x.is_floating_point() and not bool((x == x.round()).all()):
+            # Float ids (legacy data) are compared for equality when folding process
+            # rewards; a NaN or fractional id would silently split or merge turns.
+            _fail(key, "integer values (an integer dtype is best)", "NaN or fractional ids")
     for key in MASK_KEYS:
         _check_binary(key, batch[key])
 
@@ -268,7 +272,7 @@ def align_batch(batch: Mapping[str, Any], info: RolloutInfo, config: ActorConfig
                          f"the turn index of every generated token, -1 elsewhere)")
 
     logprobs = batch["logprobs"]
-    mopd = shift_left(logprobs).detach() * mask if "mopd_teacher_logp_sum" in batch else None
+    mopd = shift_left(logprobs).detach() * mask if present(batch, "mopd_teacher_logp_sum") else None
     if config.recompute_logprob and not config.use_decoupled_loss:
         if not present(batch, "prox_logp"):
             raise ValueError("rollout batch 'prox_logp': actor.recompute_logprob=true (and no "

@@ -133,6 +133,9 @@ CATALOGUE = [
         ("turn_ids", "smaller than the sequence length 4")),
     Bad("turn-id-float", call(good(turn_ids=torch.tensor(TURN_IDS, dtype=torch.float32)),
                               gae_timestep_unit="turn"), ValueError, ("turn_ids", "integer dtype")),
+    Bad("turn-id-nan", call(good(turn_ids=torch.tensor([[-1, 0, math.nan, -1], [-1, 0, 1, 1]])),
+                            token_rewards_as_adv=False), ValueError,
+        ("'turn_ids'", "integer values", "NaN")),
     Bad("turn-ids-wrong-shape", call(good(turn_ids=torch.zeros(2, 3, dtype=torch.long))), ValueError,
         ("'turn_ids'", "shape [2, 4]")),
     Bad("folded-rewards-not-uniform", call(good(token_rewards=[[0, 1.0, 2.0, 0], [0, 1, 1, 1.0]]),
@@ -201,6 +204,15 @@ CATALOGUE = [
         ("actor.advantage.process_adv_shaping.kwargs.zero_penalty", "-1")),
     Bad("config-static-lambda-nan", lambda: ActorConfig(gae_lambda=math.nan), ValueError,
         ("actor.gae_lambda", "nan")),
+    Bad("config-lambda-kwargs-rejected",
+        lambda: AdvantageModule(ActorConfig(gae_lambda="lightning_adv.vapo_length_adaptive_gae",
+                                            gae_lambda_kwargs={"alpha": -1})),
+        ValueError, ("actor.gae_lambda", "rejects kwargs", "alpha must be a positive")),
+    Bad("config-norm-eps-zero", lambda: ActorConfig(reward_norm={"eps": 0.0}), ValueError,
+        ("actor.reward_norm.eps", "> 0")),
+    Bad("config-gpg-eps-zero", lambda: ActorConfig(advantage={"outcome_reward_shaping": {
+        "implementation": "gpg", "kwargs": {"std_normalize": True, "eps": 0}}}), ValueError,
+        ("actor.advantage.outcome_reward_shaping.kwargs.eps", "> 0")),
 ]
 
 

@@ -95,6 +95,11 @@ def test_print_config(capsys):
     ("--model.advantage_module=lightning_adv.ActorConfig", "model.advantage_module"),
     ("--model.prm.scorers=[{path: lightning_adv.trainer.tasks.position_match, kwargs: {x: 1}}]",
      "model.prm.scorers[0].path"),
+    ("--model.actor={overlong_reward_penalty: true, overlong_tokens: 2, overlong_penalty_factor: 1.0}",
+     "model.actor.max_new_tokens"),
+    ("--model.actor={gae_lambda: lightning_adv.vapo_length_adaptive_gae, gae_lambda_kwargs: {alpha: -1}}",
+     "model.actor.gae_lambda"),
+    ("--model.actor.adv_norm.eps=0", "model.actor.adv_norm.eps"),
 ])
 def test_bad_config_is_a_usage_error_naming_the_key(override, key, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:

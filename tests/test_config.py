@@ -209,3 +209,10 @@ def test_module_repr_shows_the_pipeline():
     assert "(outcome): Stage(identity)" in text
     assert "(estimator): Stage(turn_gae)" in text
     assert "(process): Stage(gvpo(zero_eps=0.01))" in text
+
+
+def test_config_and_stage_families_name_the_same_builtins():
+    from lightning_adv.config import BUILTIN_STAGES
+    from lightning_adv.stages import FAMILIES
+    for family, names in BUILTIN_STAGES.items():
+        assert set(names) - {"auto", "default"} == set(FAMILIES[family]), family

@@ -362,7 +362,7 @@ def test_lambda_functions_see_the_estimators_timestep_lengths():
     def record(context, **kwargs):
         seen.append((context["timestep_lengths"].tolist(), context.turn_counts.tolist(),
                      context.effective_token_lengths.tolist()))
-        return torch.ones(1)
+        return torch.ones(context.timestep_lengths.shape)
 
     import lightning_adv.lambdas as lambdas
     lambdas.record_for_test = record
@@ -373,7 +373,9 @@ def test_lambda_functions_see_the_estimators_timestep_lengths():
     finally:
         del lambdas.record_for_test
     # 4 active tokens in 2 turns: token GAE gets 4, turn GAE (despite unit token) gets 2.
-    assert seen == [([4], [2], [4]), ([2], [2], [4])]
+    # (The module also probes the function once when it is built.)
+    probe = ([0, 1, 2, 7], [0, 1, 2, 7], [0, 1, 2, 7])
+    assert [s for s in seen if s != probe] == [([4], [2], [4]), ([2], [2], [4])]
 
 
 def test_per_row_lambda_from_a_function():
@@ -401,14 +403,16 @@ def test_builtin_lambda_functions():
 
 
 @pytest.mark.parametrize("returned, fragment", [
-    (torch.tensor([float("nan")]), "non-finite"),
-    (torch.ones(2), r"shape \[1\]"),
-    (torch.ones(1, dtype=torch.int64), "floating-point"),
-    ([1.0], "float tensor"),
+    (lambda n: torch.full((n,), float("nan")), "non-finite"),
+    (lambda n: torch.ones(n + 1), "shape"),
+    (lambda n: torch.ones(n, dtype=torch.int64), "floating-point"),
+    (lambda n: [1.0] * n, "float tensor"),
+    # Right when the module is built (the probe call), wrong on the real batch:
+    (lambda n: torch.ones(n) if n == 4 else torch.full((n,), float("inf")), "non-finite"),
 ])
 def test_lambda_function_results_are_checked(returned, fragment):
     import lightning_adv.lambdas as lambdas
-    lambdas.bad_for_test = lambda context: returned
+    lambdas.bad_for_test = lambda context: returned(context.timestep_lengths.shape[0])
     try:
         with pytest.raises(ValueError, match=fragment) as err:
             run(rows_batch(["pgg."], [1.0]), gae_lambda="lightning_adv.lambdas.bad_for_test")

@@ -48,8 +48,8 @@ class Stage(nn.Module):
         """How errors name this stage: ``advantage.estimator 'my_pkg.est'``."""
         return f"advantage.{self.family} {self.implementation!r}"
 
-    def forward(self, inputs: Any, **call_kwargs: Any) -> Any:
-        return self.fn(inputs, **{**self.kwargs, **call_kwargs})
+    def forward(self, inputs: Any) -> Any:
+        return self.fn(inputs, **self.kwargs)
 
     def extra_repr(self) -> str:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
@@ -68,7 +68,7 @@ def resolve_stage(family: str, spec: Optional[StageSpec], config: ActorConfig) -
         if family == "outcome_reward_shaping":
             name = "identity"
         elif family == "estimator":
-            name = "turn_gae" if config.gae_timestep_unit == "turn" else "token_gae"
+            name = "turn_gae" if config.estimator_unit == "turn" else "token_gae"
         else:  # the process mode is picked per call (call-time PRM selection, else additive)
             return Stage(family, "auto", None, {}, builtin=True)
     return Stage(family, name, builtins[name], spec.kwargs, builtin=True)

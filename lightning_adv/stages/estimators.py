@@ -33,7 +33,8 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     advantages, returns = compute_turn_gae(
         rewards, inputs.values, inputs.loss_mask, inputs.turn_ids,
         bootstrap_values=inputs.bootstrap_values * inputs.is_truncated,
-        discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "turn"))
+        discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "turn"),
+        where="estimator 'turn_gae': rollout batch 'turn_ids' (shifted one step left)")
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 

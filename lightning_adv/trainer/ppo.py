@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -33,13 +34,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_adv.config import (
-    ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs, check_process_mode,
-    is_dotted_path)
+    PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
+    check_process_mode, is_dotted_path)
 from lightning_adv.distributed import report_failure
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
 from lightning_adv.resolve import import_object, resolve_callable
-from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
+from lightning_adv.trainer.data import (
+    PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
 from lightning_adv.trainer.rollout import build_batch, finite_or_raise, generate, score
@@ -158,8 +160,7 @@ class PRMConfig:
             check_json_kwargs(f"{key}.kwargs", spec.kwargs)
         if self.enabled:
             _check("prm.advantage_shaping.mode",
-                   shaping.mode in ("additive", "gvpo", "process_weighted"),
-                   "additive, gvpo or process_weighted", shaping.mode)
+                   shaping.mode in PRM_MODES, f"one of {', '.join(PRM_MODES)}", shaping.mode)
             check_gvpo_kwargs("prm.advantage_shaping", shaping.gvpo_kwargs())
             if not scorers:
                 raise ValueError("prm.scorers: prm.enabled is true but no scorer is configured")
@@ -214,7 +215,7 @@ class PPOModule(pl.LightningModule):
         self.ppo_config = _as(PPOConfig, ppo, "ppo")
         self.task_config = _as(TaskConfig, task, "task")
         self.prm_config = _as(PRMConfig, prm, "prm")
-        check_trainer_options(self.actor_config, self.ppo_config, self.prm_config)
+        check_trainer_options(self.actor_config, self.prm_config)
         self.save_hyperparameters({
             "actor": dataclasses.asdict(self.actor_config),
             "policy": dataclasses.asdict(self.policy_config),
@@ -226,9 +227,15 @@ class PPOModule(pl.LightningModule):
         self.runtime = TaskRuntime(self.task_config)
         self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
                                                        self.policy_config)
+        check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
         vocab = self.runtime.vocab
-        self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
-                                        banned_tokens=(vocab.pad_id, vocab.bos_id))
+        self._seed = seed
+        # The initial weights come from the run's seed too, not from whatever the global RNG
+        # holds: the same seed gives the same policy, whatever ran before.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "init"))
+            self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
+                                            banned_tokens=(vocab.pad_id, vocab.bos_id))
         self.critic = self.policy_config.value_head
         self.ref_policy: Optional[CausalTransformer] = None
         if self.actor_config.kl_ctl > 0:
@@ -242,7 +249,6 @@ class PPOModule(pl.LightningModule):
                         for i, s in enumerate(self.prm_config.scorers)] if self.prm_config.enabled else []
         self.prm_shaping = self.prm_config.advantage_shaping if self.prm_config.enabled else None
         self.metrics = StepMetrics(critic=self.critic)
-        self._seed = seed
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators"""
         self._loader: Optional[PromptLoader] = None
@@ -280,6 +286,11 @@ class PPOModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
+        saved = state.get("seed")
+        if saved is not None and int(saved) != self.seed:
+            warnings.warn(f"seed: the checkpoint was trained with seed {saved}, this run uses "
+                          f"{self.seed}; the resumed steps will not reproduce the original run",
+                          stacklevel=2)
 
     # ------------------------------------------------------------------ the training step
 
@@ -439,7 +450,19 @@ def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) 
     return max_new_tokens, policy.max_seq_len or needed
 
 
-def check_trainer_options(actor: ActorConfig, ppo: PPOConfig, prm: PRMConfig) -> None:
+def check_length_penalty(actor: ActorConfig, runtime: TaskRuntime, max_new_tokens: int) -> None:
+    """The DAPO length penalty counts an episode's generated tokens against
+    ``actor.max_new_tokens``: it must be the trainer's budget, or no row is ever penalized
+    (the default 1024 dwarfs these tasks)."""
+    budget = max_new_tokens * runtime.task.max_turns
+    if actor.overlong_reward_penalty and actor.max_new_tokens != budget:
+        raise ValueError(f"actor.max_new_tokens: the length penalty compares generated tokens "
+                         f"with it, and this run generates at most {budget} per episode "
+                         f"(ppo.max_new_tokens {max_new_tokens} x {runtime.task.max_turns} turns); "
+                         f"set it to {budget}, got {actor.max_new_tokens}")
+
+
+def check_trainer_options(actor: ActorConfig, prm: PRMConfig) -> None:
     """Combinations the trainer cannot run, caught before training; errors name the key."""
     process = actor.advantage.process_adv_shaping
     if prm.enabled and not actor.advantage.is_replaced and (
@@ -461,8 +484,10 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     ppo = _as(PPOConfig, values.get("ppo"), "ppo")
     task = _as(TaskConfig, values.get("task"), "task")
     prm = _as(PRMConfig, values.get("prm"), "prm")
-    check_trainer_options(actor, ppo, prm)
-    sequence_budget(TaskRuntime(task), ppo, policy)
+    check_trainer_options(actor, prm)
+    runtime = TaskRuntime(task)
+    max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
+    check_length_penalty(actor, runtime, max_new_tokens)
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
