@@ -13,7 +13,8 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
    a token mean over the aligned loss mask;
 5. **log**: torchmetrics means over active tokens, a histogram of advantages.
 
-Every random draw of a step comes from generators seeded by (seed, step, rank), so a
+Every random draw of a step comes from generators seeded by (seed, step, rank) (the
+prompt order by (seed, epoch), the initial weights by the seed), so a
 resumed run reproduces the next step exactly.
 """
 
