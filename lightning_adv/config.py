@@ -21,6 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from lightning_adv.checks import (
+    check_bool, check_choice, check_int, check_number, fail, is_int)
+
 NORM_LEVELS = ("batch", "group", None)
 KL_ESTIMATORS = ("k1", "k2", "k3")
 TIMESTEP_UNITS = ("token", "turn")
@@ -58,40 +61,13 @@ def is_dotted_path(name: str) -> bool:
     return bool(_DOTTED_PATH.match(name))
 
 
-def _fail(key: str, expected: str, got: Any) -> None:
-    raise ValueError(f"{key}: expected {expected}, got {got!r}")
-
-
-def _check_number(key: str, value: Any, *, minimum: float | None = None,
-                  maximum: float | None = None, allow_inf: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(key, "a number", value)
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        _fail(key, "a finite number", value)
-    if minimum is not None and value < minimum:
-        _fail(key, f"a number >= {minimum}", value)
-    if maximum is not None and value > maximum:
-        _fail(key, f"a number <= {maximum}", value)
-
-
-def _check_bool(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(key, "true or false", value)
-
-
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        shown = ", ".join("null" if c is None else repr(c) for c in choices)
-        _fail(key, f"one of {shown}", value)
-
-
 def check_json_kwargs(key: str, kwargs: Any) -> None:
     """Kwargs must be a string-keyed mapping that survives a JSON round trip unchanged."""
     if not isinstance(kwargs, Mapping):
-        _fail(key, "a mapping of keyword arguments", kwargs)
+        fail(key, "a mapping of keyword arguments", kwargs)
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier():
-            _fail(key, "keyword names that are Python identifiers", name)
+            fail(key, "keyword names that are Python identifiers", name)
     try:
         round_trip = json.loads(json.dumps(dict(kwargs), allow_nan=False))
     except (TypeError, ValueError) as exc:
@@ -146,16 +122,12 @@ class NormConfig:
         _validate_unless_nested(self, "NormConfig")
 
     def validate(self, key: str) -> None:
-        _check_choice(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
-        _check_choice(f"{key}.std_level", self.std_level, NORM_LEVELS)
-        _check_bool(f"{key}.mean_leave1out", self.mean_leave1out)
-        _check_bool(f"{key}.std_unbiased", self.std_unbiased)
-        _check_number(f"{key}.eps", self.eps, minimum=0.0)
-        if self.eps == 0:
-            _fail(f"{key}.eps", "a number > 0 (with eps 0 a group of equal values divides 0 by 0)",
-                  self.eps)
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            _fail(f"{key}.group_size", "a positive integer", self.group_size)
+        check_choice(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
+        check_choice(f"{key}.std_level", self.std_level, NORM_LEVELS)
+        check_bool(f"{key}.mean_leave1out", self.mean_leave1out)
+        check_bool(f"{key}.std_unbiased", self.std_unbiased)
+        check_number(f"{key}.eps", self.eps, positive=True)
+        check_int(f"{key}.group_size", self.group_size)
 
 
 @dataclass(frozen=True)
@@ -174,7 +146,7 @@ class StageSpec:
 
     def validate(self, key: str) -> None:
         if not isinstance(self.implementation, str) or not self.implementation:
-            _fail(f"{key}.implementation", "a non-empty string", self.implementation)
+            fail(f"{key}.implementation", "a non-empty string", self.implementation)
         check_json_kwargs(f"{key}.kwargs", self.kwargs)
         _set(self, "kwargs", dict(self.kwargs))
 
@@ -191,7 +163,7 @@ def _stage(key: str, value: Any) -> StageSpec | None:
     if isinstance(value, Mapping):
         value = _build(StageSpec, key, value)
     if not isinstance(value, StageSpec):
-        _fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
+        fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
     value.validate(key)
     return value
 
@@ -247,17 +219,15 @@ def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
             raise ValueError(f"{key}: built-in {impl!r} takes {takes}, got kwargs {extra}")
         for name, value in spec.kwargs.items():
             if name == "std_normalize":
-                _check_bool(f"{key}.kwargs.{name}", value)
+                check_bool(f"{key}.kwargs.{name}", value)
             elif name == "eps":
-                _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
-                if value == 0:
-                    _fail(f"{key}.kwargs.eps", "a number > 0", value)
+                check_number(f"{key}.kwargs.{name}", value, positive=True)
             else:  # every other built-in kwarg is a non-negative finite number
-                _check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
+                check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
         return
     if not is_dotted_path(impl):
         names = ", ".join(builtins)
-        _fail(key, f"one of {names} or a dotted import path (my_pkg.my_mod.fn)", impl)
+        fail(key, f"one of {names} or a dotted import path (my_pkg.my_mod.fn)", impl)
 
 
 @dataclass(frozen=True)
@@ -339,7 +309,7 @@ class ActorConfig:
                 value = _build(NormConfig, f"{key}.{name}", value)
                 _set(self, name, value)
             elif value is not None and not isinstance(value, NormConfig):
-                _fail(f"{key}.{name}", "null or a NormConfig mapping", value)
+                fail(f"{key}.{name}", "null or a NormConfig mapping", value)
             if value is not None:
                 value.validate(f"{key}.{name}")
         advantage = self.advantage
@@ -348,45 +318,43 @@ class ActorConfig:
         elif isinstance(advantage, Mapping):
             advantage = _build(AdvantageConfig, f"{key}.advantage", advantage)
         elif not isinstance(advantage, AdvantageConfig):
-            _fail(f"{key}.advantage", "an AdvantageConfig mapping", advantage)
+            fail(f"{key}.advantage", "an AdvantageConfig mapping", advantage)
         advantage.validate(f"{key}.advantage")
         _set(self, "advantage", advantage)
 
-        _check_number(f"{key}.reward_bias", self.reward_bias)
-        _check_number(f"{key}.reward_scaling", self.reward_scaling)
-        _check_number(f"{key}.reward_clip", self.reward_clip, minimum=0.0, allow_inf=True)
-        _check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
-        _check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _check_number(f"{key}.discount", self.discount, minimum=0.0, maximum=1.0)
-        _check_choice(f"{key}.gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
-        _check_choice(f"{key}.dropped_outcome_reward", self.dropped_outcome_reward,
+        check_number(f"{key}.reward_bias", self.reward_bias)
+        check_number(f"{key}.reward_scaling", self.reward_scaling)
+        check_number(f"{key}.reward_clip", self.reward_clip, minimum=0.0, allow_inf=True)
+        check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
+        check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_number(f"{key}.discount", self.discount, minimum=0.0, maximum=1.0)
+        check_choice(f"{key}.gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
+        check_choice(f"{key}.dropped_outcome_reward", self.dropped_outcome_reward,
                       DROPPED_OUTCOME_ACTIONS)
         for name in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty",
                      "use_decoupled_loss", "recompute_logprob"):
-            _check_bool(f"{key}.{name}", getattr(self, name))
+            check_bool(f"{key}.{name}", getattr(self, name))
 
         if isinstance(self.gae_lambda, str):
             if not is_dotted_path(self.gae_lambda):
-                _fail(f"{key}.gae_lambda", "a number in [0, 1] or a dotted function path "
+                fail(f"{key}.gae_lambda", "a number in [0, 1] or a dotted function path "
                       "(lightning_adv.vapo_length_adaptive_gae)", self.gae_lambda)
             check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
         else:
-            _check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
+            check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
             check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs or {})
         _set(self, "gae_lambda_kwargs", dict(self.gae_lambda_kwargs or {}))
 
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            _fail(f"{key}.max_new_tokens", "a positive integer", self.max_new_tokens)
+        check_int(f"{key}.max_new_tokens", self.max_new_tokens)
         if self.overlong_reward_penalty:
             tokens, factor = self.overlong_tokens, self.overlong_penalty_factor
-            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-                _fail(f"{key}.overlong_tokens", "a positive integer when overlong_reward_penalty "
-                      "is on", tokens)
+            if not is_int(tokens, minimum=1):
+                fail(f"{key}.overlong_tokens", "a positive integer when overlong_reward_penalty "
+                     "is on", tokens)
             if factor is None:
-                _fail(f"{key}.overlong_penalty_factor", "a number when overlong_reward_penalty "
-                      "is on", factor)
-            _check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
+                fail(f"{key}.overlong_penalty_factor", "a number when overlong_reward_penalty "
+                     "is on", factor)
+            check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
 
         process = advantage.process_adv_shaping
         if process is not None and process.implementation in ("gvpo", "process_weighted"):
@@ -419,6 +387,7 @@ def check_gvpo_kwargs(key: str, kwargs: Mapping[str, Any]) -> None:
         value = kwargs[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0:
+            # Worded as the legacy error, which callers of the call-time config may match.
             raise ValueError(f"{key}: GVPO {name} must be finite and non-negative, got {value!r}")
 
 

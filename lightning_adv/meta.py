@@ -9,11 +9,9 @@ from typing import Any, Optional
 
 import torch
 
+from lightning_adv.checks import is_int
+
 ROLLOUT_GROUP_KEY = "rollout_group"
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,7 @@ class RolloutGroup:
 
     def __post_init__(self) -> None:
         counts = tuple(self.row_counts) if isinstance(self.row_counts, Sequence) else None
-        if not counts or not all(_positive_int(c) for c in counts):
+        if not counts or not all(is_int(c, minimum=1) for c in counts):
             raise ValueError(f"RolloutGroup.row_counts: expected a non-empty sequence of "
                              f"positive integers, got {self.row_counts!r}")
         rewards = tuple(self.rewards) if isinstance(self.rewards, Sequence) else None
@@ -83,7 +81,7 @@ class BatchMeta:
         if not isinstance(self.n_trajs, int) or isinstance(self.n_trajs, bool) or self.n_trajs < 0:
             raise ValueError(f"BatchMeta.n_trajs: expected a non-negative integer, got {self.n_trajs!r}")
         sizes = list(self.traj_group_sizes)
-        if len(sizes) != self.n_trajs or not all(_positive_int(s) for s in sizes):
+        if len(sizes) != self.n_trajs or not all(is_int(s, minimum=1) for s in sizes):
             raise ValueError(f"BatchMeta.traj_group_sizes: expected {self.n_trajs} positive integers, "
                              f"got {self.traj_group_sizes!r}")
         object.__setattr__(self, "traj_group_sizes", sizes)

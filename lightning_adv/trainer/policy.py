@@ -17,10 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def _positive_int(key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key}: expected a positive integer, got {value!r}")
+from lightning_adv.checks import check_bool, check_int
 
 
 @dataclass(frozen=True)
@@ -42,16 +39,15 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads"):
-            _positive_int(f"policy.{name}", getattr(self, name))
+            check_int(f"policy.{name}", getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"policy.n_heads: must divide policy.d_model ({self.d_model}), "
                              f"got {self.n_heads}")
         if self.d_ff is not None:
-            _positive_int("policy.d_ff", self.d_ff)
+            check_int("policy.d_ff", self.d_ff)
         if self.max_seq_len is not None:
-            _positive_int("policy.max_seq_len", self.max_seq_len)
-        if not isinstance(self.value_head, bool):
-            raise ValueError(f"policy.value_head: expected true or false, got {self.value_head!r}")
+            check_int("policy.max_seq_len", self.max_seq_len)
+        check_bool("policy.value_head", self.value_head)
 
 
 class Block(nn.Module):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_adv.checks import check_bool, check_choice, check_int, check_number, fail
 from lightning_adv.config import (
     PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
@@ -47,21 +47,6 @@ from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
 from lightning_adv.trainer.rollout import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
-
-
-def _check(key: str, ok: bool, expected: str, got: Any) -> None:
-    if not ok:
-        raise ValueError(f"{key}: expected {expected}, got {got!r}")
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_number(value: Any, minimum: float = 0.0, exclusive: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value > minimum if exclusive else value >= minimum
 
 
 @dataclass(frozen=True)
@@ -100,25 +85,18 @@ class PPOConfig:
     so the value after its last token is 0"""
 
     def __post_init__(self) -> None:
-        for name, minimum in (("prompts_per_step", 1), ("n_samples", 1), ("epochs", 1),
-                              ("minibatches", 1)):
-            value = getattr(self, name)
-            _check(f"ppo.{name}", _is_int(value, minimum), f"an integer >= {minimum}", value)
+        for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
+            check_int(f"ppo.{name}", getattr(self, name))
         if self.max_new_tokens is not None:
-            _check("ppo.max_new_tokens", _is_int(self.max_new_tokens, 1),
-                   "a positive integer or null", self.max_new_tokens)
+            check_int("ppo.max_new_tokens", self.max_new_tokens)
         for name in ("temperature", "clip_eps", "lr"):
-            value = getattr(self, name)
-            _check(f"ppo.{name}", _is_number(value, exclusive=True), "a finite number > 0", value)
+            check_number(f"ppo.{name}", getattr(self, name), positive=True)
         for name in ("weight_decay", "value_coef", "entropy_coef"):
-            value = getattr(self, name)
-            _check(f"ppo.{name}", _is_number(value), "a finite number >= 0", value)
-        _check("ppo.bootstrap_truncated", isinstance(self.bootstrap_truncated, bool),
-               "true or false", self.bootstrap_truncated)
+            check_number(f"ppo.{name}", getattr(self, name), minimum=0.0)
+        check_bool("ppo.bootstrap_truncated", self.bootstrap_truncated)
         for name in ("value_clip_eps", "max_grad_norm"):
-            value = getattr(self, name)
-            _check(f"ppo.{name}", value is None or _is_number(value, exclusive=True),
-                   "null or a finite number > 0", value)
+            if getattr(self, name) is not None:
+                check_number(f"ppo.{name}", getattr(self, name), positive=True)
 
 
 @dataclass(frozen=True)
@@ -145,7 +123,7 @@ class PRMConfig:
     """process scorers, summed with their weights"""
 
     def __post_init__(self) -> None:
-        _check("prm.enabled", isinstance(self.enabled, bool), "true or false", self.enabled)
+        check_bool("prm.enabled", self.enabled)
         shaping = self.advantage_shaping
         if isinstance(shaping, Mapping):
             shaping = PRMAdvantageShapingConfig(**shaping)
@@ -154,14 +132,12 @@ class PRMConfig:
         object.__setattr__(self, "scorers", scorers)
         for i, spec in enumerate(scorers):
             key = f"prm.scorers[{i}]"
-            _check(f"{key}.path", isinstance(spec.path, str) and is_dotted_path(spec.path),
-                   "a dotted function path (my_pkg.scorers.fn)", spec.path)
-            _check(f"{key}.weight", _is_number(spec.weight, -math.inf), "a finite number",
-                   spec.weight)
+            if not (isinstance(spec.path, str) and is_dotted_path(spec.path)):
+                fail(f"{key}.path", "a dotted function path (my_pkg.scorers.fn)", spec.path)
+            check_number(f"{key}.weight", spec.weight)
             check_json_kwargs(f"{key}.kwargs", spec.kwargs)
         if self.enabled:
-            _check("prm.advantage_shaping.mode",
-                   shaping.mode in PRM_MODES, f"one of {', '.join(PRM_MODES)}", shaping.mode)
+            check_choice("prm.advantage_shaping.mode", shaping.mode, PRM_MODES)
             check_gvpo_kwargs("prm.advantage_shaping", shaping.gvpo_kwargs())
             if not scorers:
                 raise ValueError("prm.scorers: prm.enabled is true but no scorer is configured")

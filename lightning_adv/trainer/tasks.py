@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from lightning_adv.checks import check_int, is_int
 from lightning_adv.config import check_json_kwargs, is_dotted_path
 from lightning_adv.resolve import check_signature, import_object, resolve_callable
 
@@ -172,7 +173,7 @@ class ReverseTask(Task):
                  partial_credit: bool = True):
         if not alphabet or "=" in alphabet:
             raise ValueError(f"alphabet: expected non-empty letters without '=', got {alphabet!r}")
-        if not (isinstance(min_len, int) and isinstance(max_len, int) and 1 <= min_len <= max_len):
+        if not (is_int(min_len, minimum=1) and is_int(max_len, minimum=min_len)):
             raise ValueError(f"min_len, max_len: expected 1 <= min_len <= max_len, "
                              f"got {min_len!r}, {max_len!r}")
         self.alphabet, self.min_len, self.max_len = alphabet, min_len, max_len
@@ -205,8 +206,7 @@ class AdditionTask(Task):
     symbols = "0123456789+="
 
     def __init__(self, max_operand: int = 9):
-        if isinstance(max_operand, bool) or not isinstance(max_operand, int) or max_operand < 1:
-            raise ValueError(f"max_operand: expected a positive integer, got {max_operand!r}")
+        check_int("max_operand", max_operand)
         self.max_operand = max_operand
         digits = len(str(max_operand))
         self.max_prompt_len = 2 * digits + 2
@@ -236,10 +236,8 @@ class GuessTask(Task):
     """
 
     def __init__(self, n: int = 8, max_turns: int = 4, turn_penalty: float = 0.1):
-        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 10:
-            raise ValueError(f"n: expected an integer in [2, 10], got {n!r}")
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns: expected a positive integer, got {max_turns!r}")
+        check_int("n", n, minimum=2, maximum=10)
+        check_int("max_turns", max_turns)
         if not (isinstance(turn_penalty, (int, float)) and 0 <= turn_penalty * (max_turns - 1) < 1):
             raise ValueError(f"turn_penalty: expected a number >= 0 with turn_penalty * "
                              f"(max_turns - 1) < 1, got {turn_penalty!r}")
@@ -350,10 +348,7 @@ class TaskConfig:
             raise ValueError(f"task.reward_kwargs: given ({sorted(self.reward_kwargs)}) but "
                              f"task.reward is null; the built-in reward takes no kwargs")
         for name in ("num_prompts", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (name == "num_prompts"):
-                raise ValueError(f"task.{name}: expected a {'positive' if name == 'num_prompts' else 'non-negative'} "
-                                 f"integer, got {value!r}")
+            check_int(f"task.{name}", getattr(self, name), minimum=int(name == "num_prompts"))
 
 
 class TaskRuntime:
@@ -446,9 +441,7 @@ def build_task(config: TaskConfig) -> Task:
                          f"a lightning_adv.trainer.tasks.Task")
     for name in ("max_prompt_len", "max_new_tokens", "max_turns"):
         value = getattr(task, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"task.name {config.name!r}: Task.{name} must be a positive "
-                             f"integer, got {value!r}")
+        check_int(f"task.name {config.name!r}: Task.{name}", value)
     if task.max_turns > 1 and task.max_reply_len < 1:
         raise ValueError(f"task.name {config.name!r}: a multi-turn task needs max_reply_len >= 1")
     try:

@@ -1,0 +1,59 @@
+"""Validators shared by every config and input check.
+
+Each error is a ``ValueError`` that names the key as the user wrote it
+(``actor.reward_norm.eps``), what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NoReturn, Optional
+
+
+def fail(key: str, expected: str, got: Any) -> NoReturn:
+    raise ValueError(f"{key}: expected {expected}, got {got!r}")
+
+
+def is_int(value: Any, minimum: Optional[int] = None, maximum: Optional[int] = None) -> bool:
+    """An ``int`` (never a ``bool``) within the bounds."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (minimum is None or value >= minimum) and (maximum is None or value <= maximum))
+
+
+def check_int(key: str, value: Any, minimum: Optional[int] = 1,
+              maximum: Optional[int] = None) -> None:
+    if not is_int(value, minimum, maximum):
+        bounds = {(1, None): "a positive integer"}.get((minimum, maximum))
+        if bounds is None:
+            low = f" >= {minimum}" if minimum is not None else ""
+            high = f" <= {maximum}" if maximum is not None else ""
+            bounds = f"an integer{low}{' and' if low and high else ''}{high}"
+        fail(key, bounds, value)
+
+
+def check_number(key: str, value: Any, *, minimum: Optional[float] = None,
+                 maximum: Optional[float] = None, positive: bool = False,
+                 allow_inf: bool = False) -> None:
+    """A real number (never a ``bool``): finite unless ``allow_inf``, within the bounds,
+    and ``> 0`` with ``positive``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(key, "a number", value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        fail(key, "a finite number", value)
+    if positive and not value > 0:
+        fail(key, "a number > 0", value)
+    if minimum is not None and value < minimum:
+        fail(key, f"a number >= {minimum}", value)
+    if maximum is not None and value > maximum:
+        fail(key, f"a number <= {maximum}", value)
+
+
+def check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        fail(key, "true or false", value)
+
+
+def check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        shown = ", ".join("null" if c is None else repr(c) for c in choices)
+        fail(key, f"one of {shown}", value)
