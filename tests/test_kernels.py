@@ -311,10 +311,28 @@ def test_scan_paths_match_loop(gae_lambda):
         assert_close(got, want)
 
 
-def test_chunked_scan_uses_several_chunks():
-    """The parametrized cases above reach the multi-chunk path: γλ = 0.05 allows 200-step
-    chunks, so a 1500-step row has several."""
-    assert kernels._chunk_size(abs(math.log(0.05))) < 1500 // 2
+@pytest.mark.parametrize("chunk", [1, 7, 64, 5000])
+def test_chunked_scan_agrees_with_the_loop_for_any_chunk_length(monkeypatch, chunk):
+    """Force the chunk length: one step, odd lengths with padding, and a single chunk
+    must all give the loop's numbers (the carries between chunks included)."""
+    calls = []
+    original = kernels._chunked_scan
+
+    def spy(deltas, counts, coef, _chunk, out_dtype):
+        calls.append(chunk)
+        return original(deltas, counts, coef, chunk, out_dtype)
+
+    monkeypatch.setattr(kernels, "_chunked_scan", spy)
+    gen = torch.Generator().manual_seed(5)
+    bs, width = 3, 300
+    mask = random_mask(gen, bs, width)
+    rewards, values = torch.randn(bs, width, generator=gen), torch.randn(bs, width, generator=gen)
+    args = (rewards.double(), values.double(), mask)
+    kwargs = dict(bootstrap_values=torch.randn(bs, generator=gen).double(), discount=0.9,
+                  gae_lambda=0.9)
+    for got, want in zip(compute_token_gae(*args, **kwargs), token_gae_loop(*args, **kwargs)):
+        assert_close(got, want)
+    assert calls, "the chunked scan did not run"
 
 
 def test_inputs_are_not_modified():
