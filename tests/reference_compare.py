@@ -17,7 +17,6 @@ to 1e-5:
 
 from __future__ import annotations
 
-import math
 
 import torch
 

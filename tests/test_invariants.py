@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import warnings
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
