@@ -15,6 +15,16 @@ from torch import Tensor
 from lightning_adv.kernels import Lambda, check_kernel_inputs, validate_turn_ids
 
 
+def _as_loop_inputs(name: str, rewards: Tensor, values: Tensor, loss_mask: Tensor,
+                    bootstrap_values: Tensor, gae_lambda: Lambda):
+    """Checked inputs in the loops' working dtype: (bs, width, rewards, values, mask)."""
+    bs, width = check_kernel_inputs(name,
+                                    {"rewards": rewards, "values": values, "loss_mask": loss_mask},
+                                    bootstrap_values, gae_lambda)
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    return bs, width, rewards.to(dtype), values.to(dtype), loss_mask.to(dtype)
+
+
 def token_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
                    bootstrap_values: Tensor, discount: float,
                    gae_lambda: Lambda) -> tuple[Tensor, Tensor]:
@@ -22,12 +32,9 @@ def token_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
 
     Same contract as :func:`lightning_adv.kernels.compute_token_gae`.
     """
-    bs, width = check_kernel_inputs("token_gae_loop",
-                                    {"rewards": rewards, "values": values, "loss_mask": loss_mask},
-                                    bootstrap_values, gae_lambda)
-    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
-    rewards, values = rewards.to(dtype), values.to(dtype)
-    mask = loss_mask.to(dtype)
+    bs, width, rewards, values, mask = _as_loop_inputs("token_gae_loop", rewards, values,
+                                                       loss_mask, bootstrap_values, gae_lambda)
+    dtype = rewards.dtype
     coef = discount * gae_lambda
     last = torch.zeros(bs, dtype=dtype, device=rewards.device)
     next_values = bootstrap_values.to(dtype)
@@ -50,14 +57,11 @@ def turn_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: 
 
     Same contract as :func:`lightning_adv.kernels.compute_turn_gae`.
     """
-    bs, width = check_kernel_inputs("turn_gae_loop",
-                                    {"rewards": rewards, "values": values, "loss_mask": loss_mask},
-                                    bootstrap_values, gae_lambda)
+    bs, width, rewards, values, mask = _as_loop_inputs("turn_gae_loop", rewards, values,
+                                                       loss_mask, bootstrap_values, gae_lambda)
     active = loss_mask.bool()
     validate_turn_ids(active, turn_ids, where="turn_gae_loop")
-    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
-    rewards, values = rewards.to(dtype), values.to(dtype)
-    mask = loss_mask.to(dtype)
+    dtype = rewards.dtype
     ids = turn_ids.long().clamp(0, width - 1)
     turn_rewards = torch.zeros_like(rewards).scatter_add_(1, ids, rewards * mask)
     positions = torch.arange(width, device=rewards.device).expand(bs, width)

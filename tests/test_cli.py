@@ -34,6 +34,13 @@ def fit(config: str, save_dir: Path, *extra: str) -> None:
           f"--trainer.logger.init_args.save_dir={save_dir}", *SMALL, *extra])
 
 
+def failed_fit(config: str, save_dir: Path, override: str, capsys) -> tuple[int, str]:
+    """Run a fit that must stop with SystemExit; its exit code and stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        fit(config, save_dir, override)
+    return exit_info.value.code, capsys.readouterr().err
+
+
 def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
@@ -102,19 +109,15 @@ def test_print_config(capsys):
     ("--model.actor.adv_norm.eps=0", "model.actor.adv_norm.eps"),
 ])
 def test_bad_config_is_a_usage_error_naming_the_key(override, key, capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        fit("ppo", tmp_path, override)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, err = failed_fit("ppo", tmp_path, override, capsys)
+    assert code == 2
     assert key in err, err
     assert not (tmp_path / "ppo").exists(), "nothing may be built before validation"
 
 
 def test_process_mode_is_checked_against_the_actor_at_parse_time(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        fit("gvpo_prm", tmp_path, "--model.actor.token_rewards_as_adv=false")
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, err = failed_fit("gvpo_prm", tmp_path, "--model.actor.token_rewards_as_adv=false", capsys)
+    assert code == 2
     assert "model.prm.advantage_shaping.mode" in err and "token_rewards_as_adv" in err, err
 
 
@@ -135,10 +138,8 @@ def test_bad_stage_name_exits_2_from_the_command_line(tmp_path):
     ("--model.task.name=trainer_helpers.EmptyPromptTask", "expected a non-empty string"),
 ])
 def test_bad_task_function_output_is_a_clear_error(override, message, capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        fit("ppo", tmp_path, override)
-    assert exit_info.value.code == 1
-    err = capsys.readouterr().err
+    code, err = failed_fit("ppo", tmp_path, override, capsys)
+    assert code == 1
     assert message in err and ("task.reward" in err or "task.name" in err), err
 
 
