@@ -12,7 +12,7 @@ from lightning_adv.lambdas import (
     relative_position_gae_lambda, vapo_length_adaptive_gae)
 from lightning_adv.meta import BatchMeta, RolloutGroup, TrajBatchMeta, concat_batch, split_batch
 from lightning_adv.module import AdvantageModule
-from lightning_adv.rollout import DroppedOutcomeRewardWarning
+from lightning_adv.rewards import DroppedOutcomeRewardWarning
 
 __all__ = [
     "ActorConfig", "NormConfig", "AdvantageConfig", "StageSpec", "PRMAdvantageShapingConfig",

@@ -4,7 +4,7 @@ For each batch size (B rows x T columns) and device, one run times, interleaved 
 round so that a busy machine slows every entry alike:
 
 * ``clone``: ``clone()`` of the kernel's input tensors, the memory-bandwidth floor;
-* the reference loops of :mod:`lightning_adv.reference` (token positions, turn slots,
+* the reference loops of :mod:`lightning_adv.loops` (token positions, turn slots,
   and the per-row pure-Python turn loop);
 * the fast kernels ``compute_token_gae`` (γλ = 1, γλ = 0.95 and a per-row λ tensor) and
   ``compute_turn_gae``;
@@ -39,7 +39,7 @@ from torch import Tensor
 from lightning_adv import (
     ActorConfig, AdvantageModule, GAELambdaContext, NormConfig, compute_token_gae,
     compute_turn_gae, concat_batch, vapo_length_adaptive_gae)
-from lightning_adv.reference import token_gae_loop, turn_gae_loop, turn_gae_per_row
+from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
 
 DEFAULT_SIZES = ((8, 512), (64, 2048), (256, 4096), (16, 16384))
 ROWS_PER_PROMPT = 8
@@ -289,13 +289,13 @@ def report(results: dict[tuple[str, int, int], dict[str, Case]]) -> str:
 #: The pipeline steps of ``AdvantageModule.forward`` as (file suffix, function name).
 PIPELINE_STEPS = (
     ("module.py", "forward"),
-    ("rollout.py", "validate_batch"),
-    ("rollout.py", "apply_length_penalty"),
+    ("batch_checks.py", "validate_batch"),
+    ("rewards.py", "apply_length_penalty"),
     ("module.py", "shape_outcome"),
     ("module.py", "normalize_rewards"),
-    ("rollout.py", "align_batch"),
-    ("rollout.py", "place_outcome"),
-    ("rollout.py", "temporal_inputs"),
+    ("alignment.py", "align_batch"),
+    ("alignment.py", "place_outcome"),
+    ("alignment.py", "temporal_inputs"),
     ("module.py", "estimate"),
     ("kernels.py", "compute_token_gae"),
     ("module.py", "normalize_advantages"),

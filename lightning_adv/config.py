@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from lightning_adv.checks import (
+from lightning_adv.validators import (
     check_bool, check_choice, check_int, check_number, fail, is_int)
 
 NORM_LEVELS = ("batch", "group", None)

@@ -1,4 +1,7 @@
-"""What each stage receives and returns (SPEC §4), and the checks run on user stages.
+"""Stage contracts: what each stage receives and returns (SPEC §4), and the checks run
+on the results of user stages. (Scalar config validators live in
+:mod:`lightning_adv.validators`; checks of the rollout batch in
+:mod:`lightning_adv.batch_checks`.)
 
 A stage is a plain function ``fn(inputs, **kwargs) -> result``. Inputs are frozen
 dataclasses; the batch mapping handed to a stage is read-only. After a user stage

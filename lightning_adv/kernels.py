@@ -42,7 +42,7 @@ runs the same recurrence over [B, n_slots] and gathers the result back to tokens
 Host syncs (they matter on CUDA): none for token GAE with a float λ; one with a λ tensor
 (chunk size and fallback rows); two for turn GAE (turn-id validation, which also sizes
 the slot axis). The plain loops these kernels must agree with are in
-:mod:`lightning_adv.reference`.
+:mod:`lightning_adv.loops`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from torch import Tensor
 
-from lightning_adv.resolve import resolve_callable
+from lightning_adv.dotted_path import resolve_callable
 
 if TYPE_CHECKING:
     from lightning_adv.contracts import TemporalInputs

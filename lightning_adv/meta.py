@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from lightning_adv.checks import is_int
+from lightning_adv.validators import is_int
 
 ROLLOUT_GROUP_KEY = "rollout_group"
 

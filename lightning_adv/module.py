@@ -23,9 +23,9 @@ from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
 from lightning_adv.distributed import PeerRankFailed, any_across_ranks, check_peers, report_failure
 from lightning_adv.normalization import affine_parameters, normalize
-from lightning_adv.rollout import (
-    AlignedBatch, RolloutInfo, align_batch, apply_length_penalty, place_outcome, temporal_inputs,
-    validate_batch)
+from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
+from lightning_adv.batch_checks import BatchFacts, validate_batch
+from lightning_adv.rewards import apply_length_penalty
 from lightning_adv.stages import Stage, process, resolve_stage
 
 
@@ -69,29 +69,29 @@ class AdvantageModule(nn.Module):
     def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
-            info = validate_batch(batch, meta, self.config)
+            facts = validate_batch(batch, meta)
             self._check_prm(prm)
             compute = (self.compute_replacement if self.config.advantage.is_replaced
                        else self.compute_default)
-            out = compute(batch, meta, prm, info)
+            out = compute(batch, meta, prm, facts)
         except PeerRankFailed:
             raise
         except Exception:
             # Under DDP the other ranks may be waiting in a collective: let them fail too.
             report_failure(_device_of(batch))
             raise
-        check_peers(info.device)  # a peer may have failed after this rank's last collective
+        check_peers(facts.device)  # a peer may have failed after this rank's last collective
         return out
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
-                        prm: Optional[PRMAdvantageShapingConfig], info: RolloutInfo) -> dict[str, Any]:
+                        prm: Optional[PRMAdvantageShapingConfig], facts: BatchFacts) -> dict[str, Any]:
         """The default pipeline, in the design note's order."""
         config = self.config
         penalized = apply_length_penalty(batch["rewards"], batch["loss_mask"], config)
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
-        aligned = align_batch(batch, info, config, self._turn_ids_needed_by())
+        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by())
         outcome_rewards = place_outcome(scores, aligned, config)
         temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
@@ -218,11 +218,11 @@ class AdvantageModule(nn.Module):
 
     def compute_replacement(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                             prm: Optional[PRMAdvantageShapingConfig],
-                            info: RolloutInfo) -> dict[str, Any]:
+                            facts: BatchFacts) -> dict[str, Any]:
         """Run the user's whole-computation function and merge its checked result."""
         inputs = AdvantageInputs(read_only(batch), self.config, meta, prm)
         mopd = batch.get("mopd_teacher_logp_sum") is not None
-        result = self._call(self.compute, inputs, info.batch_size, info.width, info.device,
+        result = self._call(self.compute, inputs, facts.batch_size, facts.width, facts.device,
                             lambda call, r: check_advantage_result(call, r, mopd),
                             task_rewards=batch["rewards"])
         out = dict(batch)

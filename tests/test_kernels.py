@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lightning_adv import kernels
 from lightning_adv.kernels import compute_token_gae, compute_turn_gae, validate_turn_ids
-from lightning_adv.reference import token_gae_loop, turn_gae_loop, turn_gae_per_row
+from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
 
 TOL = 1e-5
 

@@ -13,7 +13,7 @@ from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig,
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
 from lightning_adv.trainer.metrics import MaskedMoments
 from lightning_adv.trainer.policy import next_token_logprobs
-from lightning_adv.trainer.rollout import build_batch, generate, score
+from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.tasks import (
     AdditionTask, GuessTask, ReverseTask, Sample, TaskError, TaskRuntime, Turn, guess_consistency,
     position_match)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from torch import nn
 
 from lightning_adv.config import ActorConfig, StageSpec
-from lightning_adv.resolve import resolve_callable
+from lightning_adv.dotted_path import resolve_callable
 from lightning_adv.stages import estimators, outcome, process
 
 #: Built-in functions of each stage family, by name.

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_adv.checks import check_bool, check_int
+from lightning_adv.validators import check_bool, check_int
 
 
 @dataclass(frozen=True)

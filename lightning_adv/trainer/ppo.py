@@ -33,19 +33,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_adv.checks import check_bool, check_choice, check_int, check_number, fail
+from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
 from lightning_adv.config import (
     PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
 from lightning_adv.distributed import report_failure
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
-from lightning_adv.resolve import import_object, resolve_callable
+from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
-from lightning_adv.trainer.rollout import build_batch, finite_or_raise, generate, score
+from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
 
 

@@ -30,9 +30,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from lightning_adv.checks import check_int, is_int
+from lightning_adv.validators import check_int, is_int
 from lightning_adv.config import check_json_kwargs, is_dotted_path
-from lightning_adv.resolve import check_signature, import_object, resolve_callable
+from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
@@ -400,11 +400,11 @@ class TaskRuntime:
 
     def reward(self, sample: Sample, sample_no: int) -> float:
         value = self._reward(sample)
-        return check_number(value, f"{self.reward_where}", f"prompt {sample.index}, sample "
+        return checked_user_number(value, f"{self.reward_where}", f"prompt {sample.index}, sample "
                             f"{sample_no} (response {sample.response!r})", "reward")
 
 
-def check_number(value: Any, where: str, what: str, field_name: str) -> float:
+def checked_user_number(value: Any, where: str, what: str, field_name: str) -> float:
     """A finite real number from user code (0-d tensors accepted; bools are refused)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
@@ -454,5 +454,5 @@ def build_task(config: TaskConfig) -> Task:
 __all__ = [
     "Vocab", "Turn", "Sample", "Task", "ReverseTask", "AdditionTask", "GuessTask",
     "BUILTIN_TASKS", "position_match", "guess_consistency", "TaskConfig", "TaskRuntime",
-    "build_task", "check_number", "PAD", "BOS", "EOS",
+    "build_task", "checked_user_number", "PAD", "BOS", "EOS",
 ]

@@ -1,4 +1,4 @@
-"""Comparing the module's output with the loop reference.
+"""Comparing the module's output with the spec pipeline.
 
 Every output is compared at ``|got - want| <= 1e-5 * max(|want|, 1)``, except where the
 spec's own arithmetic is ill-conditioned in float32, which no implementation can match
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.reference_pipeline import shape_one
+from tests.spec_pipeline import shape_one
 
 FLOAT_KEYS = ("advantages", "returns", "tot_rewards", "kl_rewards", "loss_mask", "logprobs",
               "prox_logp", "ref_logp", "mopd_behavior_logprobs")

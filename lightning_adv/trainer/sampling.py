@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.meta import BatchMeta, concat_batch
-from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, check_number
+from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
 
 @dataclass
@@ -153,10 +153,10 @@ def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> 
             raise TaskError(f"{key}: expected a list of floats (one per generated token or one "
                              f"per turn) for {what}, got {type(values).__name__}")
         if len(values) == n_tokens:
-            per_token = [check_number(v, key, what, f"process reward [{i}]")
+            per_token = [checked_user_number(v, key, what, f"process reward [{i}]")
                          for i, v in enumerate(values)]
         elif len(values) == len(turn_lengths):
-            per_token = [check_number(v, key, what, f"process reward of turn {i}")
+            per_token = [checked_user_number(v, key, what, f"process reward of turn {i}")
                          for i, v in enumerate(values) for _ in range(turn_lengths[i])]
         else:
             raise TaskError(f"{key}: expected {n_tokens} values (one per generated token) or "

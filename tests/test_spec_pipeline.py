@@ -1,19 +1,19 @@
-"""The loop reference itself reproduces every recorded legacy case (shared/reference)."""
+"""The spec pipeline itself reproduces every recorded legacy case (shared/reference)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.reference_cases import actor_config, build_inputs, case_paths, load_case, mismatches
-from tests.reference_pipeline import SpecError, reference_advantages
+from tests.recorded_cases import actor_config, build_inputs, case_paths, load_case, mismatches
+from tests.spec_pipeline import SpecError, spec_pipeline_advantages
 
 PATHS = case_paths()
 
 
-def run_reference(case: dict) -> dict:
+def run_spec_pipeline(case: dict) -> dict:
     batch, meta, prm = build_inputs(case)
-    return reference_advantages(batch, meta, actor_config(case), prm)
+    return spec_pipeline_advantages(batch, meta, actor_config(case), prm)
 
 
 def test_cases_are_there():
@@ -21,16 +21,16 @@ def test_cases_are_there():
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
-def test_reference_reproduces_recorded_case(path):
+def test_spec_pipeline_reproduces_recorded_case(path):
     case = load_case(path)
     expected = case["expected"]
     if "raises" in expected:
-        # The legacy code raised; the reference must reject the input too (ActorConfig,
+        # The legacy code raised; the spec pipeline must reject the input too (ActorConfig,
         # RolloutGroup and concat_batch validation count: the spec moves some checks there).
         with pytest.raises((SpecError, ValueError, TypeError, RuntimeError)):
-            run_reference(case)
+            run_spec_pipeline(case)
         return
-    out = run_reference(case)
+    out = run_spec_pipeline(case)
     problems = mismatches(out, expected)
     assert not problems, problems
     # the sign-insensitive torch.equal agreement on exact outputs

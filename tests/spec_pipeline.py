@@ -1,4 +1,4 @@
-"""A slow, loop-by-loop reference of the default advantage pipeline (SPEC §3).
+"""The spec pipeline: a slow, loop-by-loop version of the default advantage pipeline (SPEC §3).
 
 Written from ``shared/design/SPEC.md`` (§1-§3, §5, §9) and ``shared/reference/FORMAT.md``
 §5, not from the package's code. Everything is a plain Python loop over rows and
@@ -6,11 +6,11 @@ positions on Python floats (float64). Only the places where the spec says a valu
 *stored* in float32 are rounded to float32 (``f32``): the length penalty, the outcome
 score, group statistics, and the final outputs.
 
-The reference imports nothing from ``lightning_adv`` except the config/meta dataclasses
+The spec pipeline imports nothing from ``lightning_adv`` except the config/meta dataclasses
 (to read their fields) and ``GAELambdaContext`` (only to call a user's own lambda
 function; the built-in lambda functions are reimplemented below).
 
-``reference_advantages(batch, meta, config, prm)`` returns the dict the module must
+``spec_pipeline_advantages(batch, meta, config, prm)`` returns the dict the module must
 return. When the spec says the input is an error, it raises :class:`SpecError`.
 Pass ``details={}`` to receive intermediate values (used by the tests to bound the
 float32 rounding of ill-conditioned normalizations).
@@ -260,19 +260,19 @@ def estimator_unit(config: ActorConfig) -> str:
         return "token"
     if spec.implementation == "turn_gae":
         return "turn"
-    raise NotImplementedError(f"reference covers the built-in estimators only, got {spec}")
+    raise NotImplementedError(f"the spec pipeline covers the built-in estimators only, got {spec}")
 
 
-def reference_advantages(batch: dict, meta: Optional[BatchMeta] = None,
+def spec_pipeline_advantages(batch: dict, meta: Optional[BatchMeta] = None,
                          config: Optional[ActorConfig] = None,
                          prm: Optional[PRMAdvantageShapingConfig] = None,
                          details: Optional[dict] = None) -> dict:
     config = config if config is not None else ActorConfig()
     if config.advantage.is_replaced:
-        raise NotImplementedError("reference covers compute: default only")
+        raise NotImplementedError("the spec pipeline covers compute: default only")
     outcome_spec = config.advantage.outcome_reward_shaping
     if outcome_spec is not None and outcome_spec.implementation not in ("auto", "identity"):
-        raise NotImplementedError("reference covers the identity outcome stage only")
+        raise NotImplementedError("the spec pipeline covers the identity outcome stage only")
     unit = estimator_unit(config)
     if details is None:
         details = {}
@@ -280,7 +280,7 @@ def reference_advantages(batch: dict, meta: Optional[BatchMeta] = None,
     # Process-shaping preconditions are checked before anything else (FORMAT §5 step 0).
     mode, gvpo = process_mode(config, prm)
     if mode not in ("additive", "gvpo", "process_weighted"):
-        raise NotImplementedError(f"reference covers the built-in process modes, got {mode}")
+        raise NotImplementedError(f"the spec pipeline covers the built-in process modes, got {mode}")
     if mode in ("gvpo", "process_weighted") and not config.token_rewards_as_adv:
         raise SpecError(f"{mode} shaping requires token_rewards_as_adv=True")
     if mode == "process_weighted" and config.mask_no_eos_with_zero:

@@ -1,6 +1,6 @@
-"""Property tests: ``AdvantageModule`` equals the loop reference on random valid batches.
+"""Property tests: ``AdvantageModule`` equals the spec pipeline on random valid batches.
 
-The reference (tests/reference_pipeline.py) is written from SPEC §3; the batches come
+The spec pipeline (tests/spec_pipeline.py) is written from SPEC §3; the batches come
 from tests/strategies.py. Three metadata situations are covered: the complete meta of
 ``concat_batch`` (rollout-aware reward normalization), ``meta=None`` (fixed
 ``group_size`` slices) and a hand-built ``BatchMeta`` without ``rollout_groups``.
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from lightning_adv import (
     ActorConfig, AdvantageModule, BatchMeta, DroppedOutcomeRewardWarning, NormConfig,
     PRMAdvantageShapingConfig, concat_batch)
-from tests.reference_compare import compare_outputs
-from tests.reference_pipeline import SpecError, reference_advantages
+from tests.spec_compare import compare_outputs
+from tests.spec_pipeline import SpecError, spec_pipeline_advantages
 from tests.strategies import RolloutCase, divisors, rollout_cases, with_group_size
 
 SETTINGS = settings(max_examples=200, deadline=None,
@@ -35,10 +35,10 @@ def run_module(config, batch, meta, prm):
     return out, dropped
 
 
-def check_against_reference(config, batch, meta, prm):
+def check_against_spec_pipeline(config, batch, meta, prm):
     details: dict = {}
     try:
-        want = reference_advantages(batch, meta, config, prm, details=details)
+        want = spec_pipeline_advantages(batch, meta, config, prm, details=details)
     except SpecError as exc:
         with pytest.raises((ValueError, TypeError)):
             run_module(config, batch, meta, prm)
@@ -67,9 +67,9 @@ def check_dropped_warning(config, dropped, caught):
 
 @SETTINGS
 @given(case=rollout_cases())
-def test_module_matches_reference_with_concat_meta(case: RolloutCase):
+def test_module_matches_spec_pipeline_with_concat_meta(case: RolloutCase):
     batch, meta = case.batch()
-    check_against_reference(case.config, batch, meta, case.prm)
+    check_against_spec_pipeline(case.config, batch, meta, case.prm)
 
 
 @st.composite
@@ -84,19 +84,19 @@ def cases_without_rollout_groups(draw):
 
 @SETTINGS
 @given(data=cases_without_rollout_groups())
-def test_module_matches_reference_without_meta(data):
+def test_module_matches_spec_pipeline_without_meta(data):
     case, group_size = data
     config = with_group_size(case.config, group_size)
     batch, _ = case.batch()
-    check_against_reference(config, batch, None, case.prm)
+    check_against_spec_pipeline(config, batch, None, case.prm)
 
 
 @SETTINGS
 @given(case=rollout_cases())
-def test_module_matches_reference_with_hand_built_meta(case: RolloutCase):
+def test_module_matches_spec_pipeline_with_hand_built_meta(case: RolloutCase):
     batch, meta = case.batch()
     plain = BatchMeta(n_trajs=meta.n_trajs, traj_group_sizes=list(meta.traj_group_sizes))
-    check_against_reference(case.config, batch, plain, case.prm)
+    check_against_spec_pipeline(case.config, batch, plain, case.prm)
 
 
 # ----------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_process_modes_at_zero_advantage(mode, gvpo, token_rewards):
     batch, meta = one_row_batch(token_rewards)
     config = ActorConfig(kl_ctl=0.0)
     prm = PRMAdvantageShapingConfig(mode=mode, **gvpo)
-    want = reference_advantages(batch, meta, config, prm)
+    want = spec_pipeline_advantages(batch, meta, config, prm)
     got, _ = run_module(config, batch, meta, prm)
     assert torch.equal(want["advantages"], got["advantages"]), (want["advantages"], got["advantages"])
 
@@ -144,7 +144,7 @@ def test_reward_norm_zero_std_uses_scale_one():
     batch, meta = concat_batch([traj])
     config = ActorConfig(reward_norm=NormConfig(mean_level="group", std_level="group"),
                          kl_ctl=0.0)
-    want = reference_advantages(batch, meta, config)
+    want = spec_pipeline_advantages(batch, meta, config)
     got, _ = run_module(config, batch, meta, None)
     assert want["advantages"][:, 0].tolist() == [1.0, -1.0]
     assert torch.allclose(want["advantages"], got["advantages"], rtol=1e-5, atol=1e-5), \
@@ -194,8 +194,8 @@ def test_split_rollout_rows_must_agree(rewards, generated, refs, raises):
     config = ActorConfig(**PENALTY)
     if raises:
         with pytest.raises(SpecError):
-            reference_advantages(batch, meta, config)
+            spec_pipeline_advantages(batch, meta, config)
         with pytest.raises((ValueError, RuntimeError)):
             run_module(config, batch, meta, None)
     else:
-        assert check_against_reference(config, batch, meta, None) == "ok"
+        assert check_against_spec_pipeline(config, batch, meta, None) == "ok"

@@ -1,7 +1,5 @@
-"""Plain reference implementations of the GAE kernels.
-
-These are the definitions the fast kernels in :mod:`lightning_adv.kernels` are tested and
-benchmarked against; they reproduce the recorded legacy numbers and are deliberately
+"""Loop versions of the GAE kernels: slow and obvious, the definitions that the fast
+kernels in :mod:`lightning_adv.kernels` are tested and benchmarked against; they reproduce the recorded legacy numbers and are deliberately
 written as loops. Nothing in the pipeline calls them. Conventions (next-token aligned
 [B, T] tensors, ``bootstrap_values`` already zero for EOS rows, float or [B] tensor
 ``gae_lambda``) are those of :mod:`lightning_adv.kernels`.
@@ -28,7 +26,7 @@ def _as_loop_inputs(name: str, rewards: Tensor, values: Tensor, loss_mask: Tenso
 def token_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
                    bootstrap_values: Tensor, discount: float,
                    gae_lambda: Lambda) -> tuple[Tensor, Tensor]:
-    """Reference token GAE: the legacy loop over token positions, vectorized over rows.
+    """Token GAE as a loop: the legacy loop over token positions, vectorized over rows.
 
     Same contract as :func:`lightning_adv.kernels.compute_token_gae`.
     """
@@ -53,7 +51,7 @@ def token_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
 def turn_gae_loop(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tensor, *,
                   bootstrap_values: Tensor, discount: float,
                   gae_lambda: Lambda) -> tuple[Tensor, Tensor]:
-    """Reference turn GAE: the legacy loop over turn slots, vectorized over rows.
+    """Turn GAE as a loop: the legacy loop over turn slots, vectorized over rows.
 
     Same contract as :func:`lightning_adv.kernels.compute_turn_gae`.
     """

@@ -5,13 +5,13 @@ import warnings
 import pytest
 import torch
 
-from reference_cases import build_case, case_paths, load_case, mismatches, run_case
+from recorded_cases import build_case, case_paths, load_case, mismatches, run_case
 
 CASES = case_paths()
 
 
-def test_reference_cases_are_present():
-    assert len(CASES) >= 30, "the recorded reference cases are missing"
+def test_recorded_cases_are_present():
+    assert len(CASES) >= 30, "the recorded cases are missing"
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])

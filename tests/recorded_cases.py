@@ -14,7 +14,7 @@ from lightning_adv import (
 REPO = Path(__file__).resolve().parents[1]
 # The cases are vendored under tests/data so a clean checkout can run them; when the
 # shared reference folder sits beside the checkout, its (possibly newer) cases join in.
-VENDORED = REPO / "tests" / "data" / "reference_cases"
+VENDORED = REPO / "tests" / "data" / "recorded_cases"
 SHARED = Path(os.environ.get("LIGHTNING_ADV_REFERENCE_CASES",
                              REPO.parent / "shared" / "reference" / "cases"))
 

@@ -1,0 +1,46 @@
+"""Token and outcome reward terms computed from the batch: the DAPO length penalty and
+the KL penalty against the frozen reference policy. New tensors only (SPEC §9)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_adv.config import ActorConfig
+
+
+class DroppedOutcomeRewardWarning(UserWarning):
+    """An outcome reward landed on an inactive position and never reaches GAE (SPEC §9)."""
+
+
+def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig) -> Tensor:
+    """DAPO overlong penalty: ``min(-(len - (max_new_tokens - overlong_tokens)) / overlong_tokens
+    * factor, 0)`` added to a copy of the rewards (float32, not clamped below ``-factor``).
+
+    Integer rewards stay integer when no row is penalized; otherwise they become float
+    instead of failing as the legacy in-place add did.
+    """
+    if not config.overlong_reward_penalty:
+        return rewards
+    lengths = loss_mask.bool().sum(dim=1)
+    exceed = lengths - (config.max_new_tokens - config.overlong_tokens)
+    penalty = ((-exceed).float() / config.overlong_tokens * config.overlong_penalty_factor)
+    penalized = penalty <= 0
+    if not rewards.is_floating_point():
+        if not bool(penalized.any()):
+            return rewards.clone()
+        rewards = rewards.float()
+    return rewards + torch.where(penalized, penalty, torch.zeros_like(penalty)).to(rewards.dtype)
+
+
+def kl_penalty(old: Tensor, ref: Tensor, kl_ctl: float, estimator: str) -> Tensor:
+    """``-kl_ctl * clamp(k(old, ref), -10, 10)`` with Schulman's k1/k2/k3 estimators."""
+    if kl_ctl == 0:
+        return torch.zeros_like(old, dtype=torch.float32)
+    d = old.float() - ref.float()  # a new tensor: the steps below work in place on it
+    if estimator == "k2":
+        d.square_().div_(2.0)
+    elif estimator == "k3":
+        log_ratio = d.neg_()
+        d = log_ratio.exp().sub_(1).sub_(log_ratio)
+    return d.clamp_(min=-10, max=10).mul_(-kl_ctl)
