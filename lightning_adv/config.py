@@ -6,59 +6,31 @@ when built, so a bad YAML fails before any worker starts. Field names follow ARe
 in the YAML tree (``actor.advantage.estimator``) and the value that was given.
 
 Nested configs may be given as plain mappings (``reward_norm={"mean_level": "group"}``);
-they are converted on construction.
+``__post_init__`` converts them once, with :func:`_nested`, before validating. A nested
+config validates itself under its own name (``NormConfig.eps``); when its parent built
+it from a mapping, the error is re-keyed at that boundary (``actor.reward_norm.eps``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
-from lightning_adv.validators import (
-    check_bool, check_choice, check_int, check_number, fail, is_int)
+from lightning_adv.dotted_path import is_dotted_path
+from lightning_adv.stages.registry import check_stage_choice
+from lightning_adv.validators import (  # noqa: F401  (check_gvpo_kwargs: public here too)
+    check_bool, check_choice, check_gvpo_kwargs, check_int, check_number, fail, is_int)
 
 NORM_LEVELS = ("batch", "group", None)
 KL_ESTIMATORS = ("k1", "k2", "k3")
 TIMESTEP_UNITS = ("token", "turn")
 PRM_MODES = ("additive", "gvpo", "process_weighted")
 DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
-
-#: Built-in implementations of each stage and the keyword arguments each one accepts.
-BUILTIN_STAGES: dict[str, dict[str, frozenset[str]]] = {
-    "compute": {"default": frozenset()},
-    "outcome_reward_shaping": {
-        "auto": frozenset(),
-        "identity": frozenset(),
-        "opo_baseline": frozenset(),
-        "gpg": frozenset({"std_normalize", "eps"}),
-    },
-    "estimator": {
-        "auto": frozenset(),
-        "token_gae": frozenset(),
-        "turn_gae": frozenset(),
-        "reinforce": frozenset(),
-    },
-    "process_adv_shaping": {
-        "auto": frozenset(),
-        "additive": frozenset(),
-        "gvpo": frozenset({"negative_scale", "zero_penalty", "zero_eps"}),
-        "process_weighted": frozenset(),
-    },
-}
-
-_DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-
-
-def is_dotted_path(name: str) -> bool:
-    """True for ``pkg.module.attr``-shaped strings (at least one dot, identifiers only)."""
-    return bool(_DOTTED_PATH.match(name))
+STAGE_FIELDS = ("outcome_reward_shaping", "estimator", "process_adv_shaping")
 
 
 def check_json_kwargs(key: str, kwargs: Any) -> None:
@@ -78,27 +50,43 @@ def check_json_kwargs(key: str, kwargs: Any) -> None:
                          f"objects do not survive saving the config), got {dict(kwargs)!r}")
 
 
-def _set(obj: Any, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)
-
-
-# While a parent config builds a nested one from a mapping, the nested config skips its
-# own validation; the parent validates it with the full key (actor.advantage.estimator).
-_NESTED_BUILD = contextvars.ContextVar("lightning_adv_nested_build", default=False)
-
-
-@contextlib.contextmanager
-def _nested_build():
-    token = _NESTED_BUILD.set(True)
+def _nested(cls: type, key: str, value: Any, shorthand: Optional[str] = None) -> Any:
+    """The one conversion of a nested config: a mapping (or a ``shorthand`` string, the
+    value of field ``shorthand``) becomes a ``cls`` instance; anything else is returned
+    as is for the caller's type check. Errors of the nested config name ``key`` (its
+    place in the tree) instead of the class's own name."""
+    if shorthand is not None and isinstance(value, str):
+        value = {shorthand: value}
+    if not isinstance(value, Mapping):
+        return value
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise ValueError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
     try:
-        yield
-    finally:
-        _NESTED_BUILD.reset(token)
+        return cls(**value)
+    except ValueError as exc:
+        # Re-key at the boundary: every key the nested config named (``advantage.x``)
+        # gets its place in the tree (``actor.advantage.x``).
+        own = re.compile(rf"(?<![\w.]){re.escape(cls.KEY)}(?=[.:])")
+        message, count = own.subn(key, str(exc))
+        if count:
+            raise ValueError(message) from None
+        raise
 
 
-def _validate_unless_nested(obj: Any, key: str) -> None:
-    if not _NESTED_BUILD.get():
-        obj.validate(key)
+def _own_kwargs(kwargs: Any) -> Any:
+    """A private copy of a kwargs mapping (None: no kwargs); other values are left for
+    validation to reject."""
+    if kwargs is None:
+        return {}
+    return dict(kwargs) if isinstance(kwargs, Mapping) else kwargs
+
+
+def _convert(obj: Any, name: str, value: Any) -> None:
+    """Store a converted field value; called only from ``__post_init__``, before
+    ``validate``, so a config never changes after it was checked."""
+    object.__setattr__(obj, name, value)
 
 
 @dataclass(frozen=True)
@@ -118,8 +106,11 @@ class NormConfig:
     group_size: int = 1
     """rows per group when the batch carries no metadata (fixed-size slices)"""
 
+    KEY: ClassVar[str] = "NormConfig"
+    """how errors name this config when it is built on its own (its parent re-keys them)"""
+
     def __post_init__(self) -> None:
-        _validate_unless_nested(self, "NormConfig")
+        self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
         check_choice(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
@@ -139,33 +130,21 @@ class StageSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments bound to the function; JSON values only"""
 
+    KEY: ClassVar[str] = "StageSpec"
+    """how errors name this config when it is built on its own (its parent re-keys them)"""
+
     def __post_init__(self) -> None:
-        if self.kwargs is None:
-            _set(self, "kwargs", {})
-        _validate_unless_nested(self, "StageSpec")
+        _convert(self, "kwargs", _own_kwargs(self.kwargs))
+        self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
         if not isinstance(self.implementation, str) or not self.implementation:
             fail(f"{key}.implementation", "a non-empty string", self.implementation)
         check_json_kwargs(f"{key}.kwargs", self.kwargs)
-        _set(self, "kwargs", dict(self.kwargs))
 
     @property
     def is_builtin(self) -> bool:
         return not is_dotted_path(self.implementation)
-
-
-def _stage(key: str, value: Any) -> StageSpec | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = {"implementation": value}
-    if isinstance(value, Mapping):
-        value = _build(StageSpec, key, value)
-    if not isinstance(value, StageSpec):
-        fail(key, "null, a stage name or {implementation: ..., kwargs: {...}}", value)
-    value.validate(key)
-    return value
 
 
 @dataclass(frozen=True)
@@ -181,53 +160,37 @@ class AdvantageConfig:
     process_adv_shaping: Optional[StageSpec] = None
     """process shaping: null/auto (call-time PRM mode, else additive), additive, gvpo, process_weighted or a dotted path"""
 
+    KEY: ClassVar[str] = "advantage"
+    """how errors name this config when it is built on its own (its parent re-keys them)"""
+
     def __post_init__(self) -> None:
-        _validate_unless_nested(self, "advantage")
+        compute = _nested(StageSpec, f"{self.KEY}.compute", self.compute, "implementation")
+        _convert(self, "compute", StageSpec("default") if compute is None else compute)
+        for name in STAGE_FIELDS:
+            _convert(self, name, _nested(StageSpec, f"{self.KEY}.{name}", getattr(self, name),
+                                         "implementation"))
+        self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
-        compute = _stage(f"{key}.compute", self.compute) or StageSpec("default")
-        _set(self, "compute", compute)
-        for name in ("outcome_reward_shaping", "estimator", "process_adv_shaping"):
-            _set(self, name, _stage(f"{key}.{name}", getattr(self, name)))
-        for name in BUILTIN_STAGES:
+        for name in ("compute",) + STAGE_FIELDS:
             spec = getattr(self, name)
-            if spec is not None:
-                _check_stage_spec(f"{key}.{name}", name, spec)
-        if self.is_replaced:
-            staged = [n for n in ("outcome_reward_shaping", "estimator", "process_adv_shaping")
-                      if getattr(self, n) is not None]
-            if staged:
-                raise ValueError(
-                    f"{key}.compute: a full replacement ({compute.implementation!r}) cannot be "
-                    f"combined with stage configuration; set {', '.join(f'{key}.{n}' for n in staged)} "
-                    f"to null or use compute: default")
+            if spec is None:
+                continue
+            if not isinstance(spec, StageSpec):
+                fail(f"{key}.{name}", "null, a stage name or {implementation: ..., kwargs: {...}}",
+                     spec)
+            check_stage_choice(f"{key}.{name}", name, spec.implementation, spec.kwargs)
+        staged = [n for n in STAGE_FIELDS if getattr(self, n) is not None]
+        if self.is_replaced and staged:
+            raise ValueError(
+                f"{key}.compute: a full replacement ({self.compute.implementation!r}) cannot be "
+                f"combined with stage configuration; set {', '.join(f'{key}.{n}' for n in staged)} "
+                f"to null or use compute: default")
 
     @property
     def is_replaced(self) -> bool:
         """True when ``compute`` names a user function instead of the default pipeline."""
         return self.compute.implementation != "default"
-
-
-def _check_stage_spec(key: str, stage: str, spec: StageSpec) -> None:
-    builtins = BUILTIN_STAGES[stage]
-    impl = spec.implementation
-    if impl in builtins:
-        accepted = builtins[impl]
-        extra = sorted(set(spec.kwargs) - accepted)
-        if extra:
-            takes = f"only {sorted(accepted)}" if accepted else "no kwargs"
-            raise ValueError(f"{key}: built-in {impl!r} takes {takes}, got kwargs {extra}")
-        for name, value in spec.kwargs.items():
-            if name == "std_normalize":
-                check_bool(f"{key}.kwargs.{name}", value)
-            elif name == "eps":
-                check_number(f"{key}.kwargs.{name}", value, positive=True)
-            else:  # every other built-in kwarg is a non-negative finite number
-                check_number(f"{key}.kwargs.{name}", value, minimum=0.0)
-        return
-    if not is_dotted_path(impl):
-        names = ", ".join(builtins)
-        fail(key, f"one of {names} or a dotted import path (my_pkg.my_mod.fn)", impl)
 
 
 @dataclass(frozen=True)
@@ -299,28 +262,24 @@ class ActorConfig:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """the stage tree (compute, outcome_reward_shaping, estimator, process_adv_shaping)"""
 
+    KEY: ClassVar[str] = "actor"
+    """how errors name this config when it is built on its own (its parent re-keys them)"""
+
     def __post_init__(self) -> None:
-        _validate_unless_nested(self, "actor")
+        for name in ("reward_norm", "adv_norm"):
+            _convert(self, name, _nested(NormConfig, f"{self.KEY}.{name}", getattr(self, name)))
+        advantage = _nested(AdvantageConfig, f"{self.KEY}.advantage", self.advantage)
+        _convert(self, "advantage", AdvantageConfig() if advantage is None else advantage)
+        _convert(self, "gae_lambda_kwargs", _own_kwargs(self.gae_lambda_kwargs))
+        self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
         for name in ("reward_norm", "adv_norm"):
             value = getattr(self, name)
-            if isinstance(value, Mapping):
-                value = _build(NormConfig, f"{key}.{name}", value)
-                _set(self, name, value)
-            elif value is not None and not isinstance(value, NormConfig):
+            if value is not None and not isinstance(value, NormConfig):
                 fail(f"{key}.{name}", "null or a NormConfig mapping", value)
-            if value is not None:
-                value.validate(f"{key}.{name}")
-        advantage = self.advantage
-        if advantage is None:
-            advantage = AdvantageConfig()
-        elif isinstance(advantage, Mapping):
-            advantage = _build(AdvantageConfig, f"{key}.advantage", advantage)
-        elif not isinstance(advantage, AdvantageConfig):
-            fail(f"{key}.advantage", "an AdvantageConfig mapping", advantage)
-        advantage.validate(f"{key}.advantage")
-        _set(self, "advantage", advantage)
+        if not isinstance(self.advantage, AdvantageConfig):
+            fail(f"{key}.advantage", "an AdvantageConfig mapping", self.advantage)
 
         check_number(f"{key}.reward_bias", self.reward_bias)
         check_number(f"{key}.reward_scaling", self.reward_scaling)
@@ -342,8 +301,7 @@ class ActorConfig:
             check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
         else:
             check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
-            check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs or {})
-        _set(self, "gae_lambda_kwargs", dict(self.gae_lambda_kwargs or {}))
+            check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
 
         check_int(f"{key}.max_new_tokens", self.max_new_tokens)
         if self.overlong_reward_penalty:
@@ -356,7 +314,7 @@ class ActorConfig:
                      "is on", factor)
             check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
 
-        process = advantage.process_adv_shaping
+        process = self.advantage.process_adv_shaping
         if process is not None and process.implementation in ("gvpo", "process_weighted"):
             check_process_mode(f"{key}.advantage.process_adv_shaping", process.implementation, self)
 
@@ -380,22 +338,3 @@ def check_process_mode(key: str, mode: str, config: ActorConfig) -> None:
     if mode == "process_weighted" and config.mask_no_eos_with_zero:
         raise ValueError(f"{key}: 'process_weighted' advantage shaping requires "
                          f"actor.mask_no_eos_with_zero=false, got true")
-
-
-def check_gvpo_kwargs(key: str, kwargs: Mapping[str, Any]) -> None:
-    for name in ("negative_scale", "zero_penalty", "zero_eps"):
-        value = kwargs[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < 0:
-            # Worded as the legacy error, which callers of the call-time config may match.
-            raise ValueError(f"{key}: GVPO {name} must be finite and non-negative, got {value!r}")
-
-
-def _build(cls: type, key: str, values: Mapping[str, Any]) -> Any:
-    """Build a nested config from a mapping; the caller validates it under ``key``."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
-    with _nested_build():
-        return cls(**values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,21 +50,36 @@ def resolve_callable(path: str, kwargs: Mapping[str, Any], key: str,
 
 
 def check_signature(fn: Callable[..., Any], kwargs: Mapping[str, Any], key: str, path: str,
-                    positional: int = 1) -> None:
+                    positional: int = 1, *, label: str | None = None) -> None:
+    """Check that ``fn(<positional args>, **kwargs)`` binds; errors name ``key`` and the
+    function (``label``, default the quoted path). Built-in stages and user functions go
+    through this same check."""
+    label = label or repr(path)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins without a signature: trust the call
-    params = signature.parameters.values()
+    params = list(signature.parameters.values())
     takes_var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
     names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    shown = f"{path.rsplit('.', 1)[-1]}{signature}"
     unknown = sorted(set(kwargs) - names) if not takes_var_kw else []
     if unknown:
-        raise ValueError(f"{key}: {path!r} does not accept kwargs {unknown}; its signature is "
-                         f"{path.rsplit('.', 1)[-1]}{signature}")
+        keywords = sorted(p.name for p in params[positional:]
+                          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        takes = f"it takes only {keywords}" if keywords else "it takes no kwargs"
+        raise ValueError(f"{key}: {label} does not accept kwargs {unknown} ({takes}); its "
+                         f"signature is {shown}")
     try:
         signature.bind(*([None] * positional), **kwargs)
     except TypeError as exc:
-        raise ValueError(f"{key}: {path!r} cannot be called as fn(inputs, **kwargs) with kwargs "
-                         f"{sorted(kwargs)}: {exc}; its signature is "
-                         f"{path.rsplit('.', 1)[-1]}{signature}") from None
+        raise ValueError(f"{key}: {label} cannot be called as fn(inputs, **kwargs) with kwargs "
+                         f"{sorted(kwargs)}: {exc}; its signature is {shown}") from None
+
+
+_DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def is_dotted_path(name: str) -> bool:
+    """True for ``pkg.module.attr``-shaped strings (at least one dot, identifiers only)."""
+    return bool(_DOTTED_PATH.match(name))

@@ -14,19 +14,20 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_adv.config import ActorConfig, PRM_MODES, PRMAdvantageShapingConfig, check_process_mode
+from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig
 from lightning_adv.contracts import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageCall,
     TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
     check_process_result, check_temporal_result, read_only)
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
-from lightning_adv.distributed import PeerRankFailed, any_across_ranks, check_peers, report_failure
-from lightning_adv.normalization import affine_parameters, normalize
+from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
+from lightning_adv.normalization import normalize, normalize_outcome_rewards
+from lightning_adv.prm import resolve_process_mode
 from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
 from lightning_adv.batch_checks import BatchFacts, validate_batch
 from lightning_adv.rewards import apply_length_penalty
-from lightning_adv.stages import Stage, process, resolve_stage
+from lightning_adv.stages import Stage, builtin_stage, resolve_stage
 
 
 class AdvantageModule(nn.Module):
@@ -70,9 +71,10 @@ class AdvantageModule(nn.Module):
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
             facts = validate_batch(batch, meta)
-            self._check_prm(prm)
-            compute = (self.compute_replacement if self.config.advantage.is_replaced
-                       else self.compute_default)
+            replaced = self.config.advantage.is_replaced
+            # Check the call-time prm before any work (its mode is resolved per stage call).
+            resolve_process_mode(prm, self.config, None if replaced else self.process)
+            compute = self.compute_replacement if replaced else self.compute_default
             out = compute(batch, meta, prm, facts)
         except PeerRankFailed:
             raise
@@ -118,16 +120,10 @@ class AdvantageModule(nn.Module):
                       prm: Optional[PRMAdvantageShapingConfig] = None) -> Tensor:
         """Process advantage shaping stage (SPEC §3 step 10)."""
         stage = self.process
-        if stage.builtin:
-            mode = stage.implementation
-            if mode == "auto":
-                mode = prm.mode if prm is not None else "additive"
-            kwargs: dict[str, Any] = {}
-            if mode == "gvpo":
-                # Explicit GVPO kwargs override the call-time (legacy) values key by key.
-                legacy = prm if prm is not None else PRMAdvantageShapingConfig()
-                kwargs = {**legacy.gvpo_kwargs(), **stage.kwargs}
-            return process.BUILTINS[mode](inputs, **kwargs)
+        builtin = resolve_process_mode(prm, self.config, stage)
+        if builtin is not None:
+            mode, kwargs = builtin
+            return builtin_stage("process_adv_shaping", mode).fn(inputs, **kwargs)
         bs, width = inputs.advantages.shape
         return self._call(stage, inputs, bs, width, inputs.advantages.device, check_process_result)
 
@@ -140,68 +136,9 @@ class AdvantageModule(nn.Module):
         ``task_rewards`` are the rewards before the length penalty: rows of one logical
         rollout must agree on them too when their references are derived.
         """
-        config = self.config
-        scores = self._scale(outcome.rewards)
-        norm = config.reward_norm
-        if norm is None:
-            return scores
-        key = "actor.reward_norm"
-        if meta is None or meta.rollout_groups is None:
-            if outcome.normalization_rewards is not None:
-                raise ValueError(f"{self.outcome.where}: normalization_rewards need complete "
-                                 f"metadata (meta.rollout_groups from concat_batch)")
-            sizes = meta.traj_group_sizes if meta is not None else None
-            return normalize(scores, norm, group_sizes=sizes, key=key)
-        if norm.mean_level is None and norm.std_level is None:
-            return scores.float()
-        references, member = self._rollout_references(outcome, task_rewards, meta)
-        mean, scale = affine_parameters(self._scale(references), norm,
-                                        group_sizes=meta.logical_group_sizes, key=key)
-        if norm.std_level is not None:
-            # Logical groups whose references all agree would divide by eps.
-            scale = torch.where(scale <= 2 * norm.eps, torch.ones_like(scale), scale)
-        return ((scores - mean[member]) / scale[member]).float()
-
-    def _rollout_references(self, outcome: OutcomeResult, task_rewards: Tensor,
-                            meta: BatchMeta) -> tuple[Tensor, Tensor]:
-        """One reference reward per logical rollout, and each row's rollout index."""
-        rewards = outcome.rewards
-        device = rewards.device
-        counts = torch.tensor(meta.rollout_row_counts, device=device)
-        member = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)
-        if outcome.normalization_rewards is not None:
-            return outcome.normalization_rewards, member
-        explicit = meta.explicit_reference_rewards
-        supplied = torch.tensor([r is not None for r in explicit], device=device)
-        if bool(supplied.any()) and not self._identity_outcome():
-            raise ValueError(
-                f"{self.outcome.where}: the batch carries explicit reference rewards "
-                f"(meta.rollout_groups[*].rewards) and reward normalization is on, so the stage "
-                f"must return OutcomeResult.normalization_rewards (one value per logical "
-                f"rollout, before bias/scaling/clip)")
-        starts = counts.cumsum(0) - counts
-        dtype = torch.promote_types(rewards.dtype, torch.float32)
-        references = torch.where(
-            supplied, torch.tensor([0.0 if r is None else r for r in explicit], dtype=dtype,
-                                   device=device), rewards[starts].to(dtype))
-        agree = rewards.to(dtype) == references[member]
-        if self.config.overlong_reward_penalty:
-            agree &= task_rewards == task_rewards[starts][member]
-        disagree = ~supplied[member] & ~agree
-        if any_across_ranks(bool(disagree.any()), device):
-            rows = disagree.nonzero().flatten().tolist()
-            where = (f"rows {rows[:10]}" if rows
-                     else "rows on another data-parallel rank (none here)")
-            raise ValueError(
-                f"actor.reward_norm: {where} of a split rollout have different rewards; "
-                f"supply an explicit reference reward (RolloutGroup.rewards) or return "
-                f"OutcomeResult.normalization_rewards from the outcome stage")
-        return references, member
-
-    def _scale(self, rewards: Tensor) -> Tensor:
-        c = self.config
-        return ((rewards + c.reward_bias) * c.reward_scaling).clamp(min=-c.reward_clip,
-                                                                    max=c.reward_clip)
+        identity = self.outcome.builtin and self.outcome.implementation == "identity"
+        return normalize_outcome_rewards(outcome, task_rewards, meta, self.config,
+                                         identity_outcome=identity, stage=self.outcome.where)
 
     def normalize_advantages(self, advantages: Tensor, loss_mask: Tensor,
                              meta: Optional[BatchMeta]) -> Tensor:
@@ -243,9 +180,6 @@ class AdvantageModule(nn.Module):
         call.check_inputs_untouched()
         return check(call, result)
 
-    def _identity_outcome(self) -> bool:
-        return self.outcome.builtin and self.outcome.implementation == "identity"
-
     def _turn_ids_needed_by(self) -> Optional[str]:
         if self.estimator.builtin and self.estimator.implementation == "turn_gae":
             spec = self.config.advantage.estimator
@@ -253,19 +187,6 @@ class AdvantageModule(nn.Module):
                 return "actor.gae_timestep_unit='turn' (estimator 'turn_gae')"
             return "estimator 'turn_gae'"
         return None
-
-    def _check_prm(self, prm: Any) -> None:
-        if prm is None:
-            return
-        if not isinstance(prm, PRMAdvantageShapingConfig):
-            raise TypeError(f"prm: expected a PRMAdvantageShapingConfig or None, got "
-                            f"{type(prm).__name__}")
-        if prm.mode not in PRM_MODES:
-            raise ValueError(f"prm.mode: expected one of {', '.join(PRM_MODES)}, got {prm.mode!r}")
-        if self.config.advantage.is_replaced:
-            return
-        if self.process.builtin and self.process.implementation == "auto":
-            check_process_mode("prm.mode", prm.mode, self.config)
 
     def _output(self, batch: Mapping[str, Any], aligned: AlignedBatch, advantages: Tensor,
                 temporal: TemporalResult, rewards: Tensor) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Reward and advantage normalization (SPEC §3, "Normalization").
+"""Reward and advantage normalization (SPEC §3, "Normalization"), as pure functions.
 
 Statistics are float64. "batch" statistics reduce their sums and counts across the
 data-parallel group when torch.distributed is initialized, so every rank gets the
@@ -16,8 +16,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.config import NormConfig
+from lightning_adv.config import ActorConfig, NormConfig
+from lightning_adv.contracts import OutcomeResult
 from lightning_adv.distributed import all_reduce_sum, any_across_ranks
+from lightning_adv.meta import BatchMeta
+from lightning_adv.rewards import scale_rewards
 
 
 def group_slices(batch_size: int, group_sizes: Optional[Sequence[int]], group_size: int,
@@ -143,3 +146,84 @@ def normalize(x: Tensor, config: NormConfig, mask: Optional[Tensor] = None,
     if mask is not None:
         centered = centered * mask
     return (centered / scale).float()
+
+
+# ------------------------------------------------------------------ outcome rewards
+
+def normalize_outcome_rewards(outcome: OutcomeResult, task_rewards: Tensor,
+                              meta: Optional[BatchMeta], config: ActorConfig, *,
+                              identity_outcome: bool, stage: str) -> Tensor:
+    """Scaling, clipping and (rollout-aware) reward normalization (SPEC §3 step 3).
+
+    ``task_rewards`` are the rewards before the length penalty: rows of one logical
+    rollout must agree on them too when their references are derived. ``identity_outcome``
+    says whether the outcome stage is the built-in ``identity`` (only then may explicit
+    reference rewards be used without ``normalization_rewards``); ``stage`` names the
+    outcome stage in errors.
+    """
+    scores = scale_rewards(outcome.rewards, config)
+    norm = config.reward_norm
+    if norm is None:
+        return scores
+    key = "actor.reward_norm"
+    if meta is None or meta.rollout_groups is None:
+        if outcome.normalization_rewards is not None:
+            raise ValueError(f"{stage}: normalization_rewards need complete metadata "
+                             f"(meta.rollout_groups from concat_batch)")
+        sizes = meta.traj_group_sizes if meta is not None else None
+        return normalize(scores, norm, group_sizes=sizes, key=key)
+    if norm.mean_level is None and norm.std_level is None:
+        return scores.float()
+    references, member = rollout_references(
+        outcome, task_rewards, meta, identity_outcome=identity_outcome,
+        compare_task_rewards=config.overlong_reward_penalty, stage=stage)
+    mean, scale = affine_parameters(scale_rewards(references, config), norm,
+                                    group_sizes=meta.logical_group_sizes, key=key)
+    if norm.std_level is not None:
+        # Logical groups whose references all agree would divide by eps.
+        scale = torch.where(scale <= 2 * norm.eps, torch.ones_like(scale), scale)
+    return ((scores - mean[member]) / scale[member]).float()
+
+
+def rollout_references(outcome: OutcomeResult, task_rewards: Tensor, meta: BatchMeta, *,
+                       identity_outcome: bool, compare_task_rewards: bool,
+                       stage: str) -> tuple[Tensor, Tensor]:
+    """One reference reward per logical rollout, and each row's rollout index.
+
+    The stage's ``normalization_rewards`` if given; else each rollout's explicit reference
+    (``RolloutGroup.rewards``) or the reward of its first row, whose other rows must agree
+    (on the task rewards too with ``compare_task_rewards``). The agreement is decided
+    across data-parallel ranks, so every rank raises together.
+    """
+    rewards = outcome.rewards
+    device = rewards.device
+    counts = torch.tensor(meta.rollout_row_counts, device=device)
+    member = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)
+    if outcome.normalization_rewards is not None:
+        return outcome.normalization_rewards, member
+    explicit = meta.explicit_reference_rewards
+    supplied = torch.tensor([r is not None for r in explicit], device=device)
+    if bool(supplied.any()) and not identity_outcome:
+        raise ValueError(
+            f"{stage}: the batch carries explicit reference rewards "
+            f"(meta.rollout_groups[*].rewards) and reward normalization is on, so the stage "
+            f"must return OutcomeResult.normalization_rewards (one value per logical "
+            f"rollout, before bias/scaling/clip)")
+    starts = counts.cumsum(0) - counts
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    references = torch.where(
+        supplied, torch.tensor([0.0 if r is None else r for r in explicit], dtype=dtype,
+                               device=device), rewards[starts].to(dtype))
+    agree = rewards.to(dtype) == references[member]
+    if compare_task_rewards:
+        agree &= task_rewards == task_rewards[starts][member]
+    disagree = ~supplied[member] & ~agree
+    if any_across_ranks(bool(disagree.any()), device):
+        rows = disagree.nonzero().flatten().tolist()
+        where = (f"rows {rows[:10]}" if rows
+                 else "rows on another data-parallel rank (none here)")
+        raise ValueError(
+            f"actor.reward_norm: {where} of a split rollout have different rewards; "
+            f"supply an explicit reference reward (RolloutGroup.rewards) or return "
+            f"OutcomeResult.normalization_rewards from the outcome stage")
+    return references, member

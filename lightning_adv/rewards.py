@@ -44,3 +44,9 @@ def kl_penalty(old: Tensor, ref: Tensor, kl_ctl: float, estimator: str) -> Tenso
         log_ratio = d.neg_()
         d = log_ratio.exp().sub_(1).sub_(log_ratio)
     return d.clamp_(min=-10, max=10).mul_(-kl_ctl)
+
+
+def scale_rewards(rewards: Tensor, config: ActorConfig) -> Tensor:
+    """``clip((r + reward_bias) * reward_scaling, ±reward_clip)`` (SPEC §3 step 3)."""
+    return ((rewards + config.reward_bias) * config.reward_scaling).clamp(
+        min=-config.reward_clip, max=config.reward_clip)

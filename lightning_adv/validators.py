@@ -7,6 +7,7 @@ Each error is a ``ValueError`` that names the key as the user wrote it
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
 
 
@@ -57,3 +58,21 @@ def check_choice(key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         shown = ", ".join("null" if c is None else repr(c) for c in choices)
         fail(key, f"one of {shown}", value)
+
+
+def check_gvpo_kwargs(key: str, kwargs: Mapping[str, Any]) -> None:
+    """GVPO's three values, each finite and non-negative."""
+    for name in ("negative_scale", "zero_penalty", "zero_eps"):
+        value = kwargs[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            # Worded as the legacy error, which callers of the call-time config may match.
+            raise ValueError(f"{key}: GVPO {name} must be finite and non-negative, got {value!r}")
+
+
+def non_negative_number(key: str, value: Any) -> None:
+    check_number(key, value, minimum=0.0)
+
+
+def positive_number(key: str, value: Any) -> None:
+    check_number(key, value, positive=True)

@@ -211,8 +211,46 @@ def test_module_repr_shows_the_pipeline():
     assert "(process): Stage(gvpo(zero_eps=0.01))" in text
 
 
-def test_config_and_stage_families_name_the_same_builtins():
-    from lightning_adv.config import BUILTIN_STAGES
-    from lightning_adv.stages import FAMILIES
-    for family, names in BUILTIN_STAGES.items():
-        assert set(names) - {"auto", "default"} == set(FAMILIES[family]), family
+def test_one_registry_names_every_builtin():
+    # One list of built-ins: the config accepts exactly the registered names (plus each
+    # family's selector), and a registered function is what the module runs.
+    from lightning_adv.stages import SELECTORS, builtin_names, builtin_stage
+    expected = {
+        "compute": {"default"},
+        "outcome_reward_shaping": {"auto", "identity", "opo_baseline", "gpg"},
+        "estimator": {"auto", "token_gae", "turn_gae", "reinforce"},
+        "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
+    }
+    for family, names in expected.items():
+        assert set(builtin_names(family)) == names, family
+        for name in names - {SELECTORS[family]}:
+            assert builtin_stage(family, name).fn.__name__ == name
+            spec = {"implementation": name}
+            if family != "compute":
+                ActorConfig(advantage={family: spec})  # accepted by the config
+
+
+def test_registering_a_builtin_is_one_decorated_function():
+    from lightning_adv.stages import registry
+    from lightning_adv.stages.registry import register_stage
+    from lightning_adv.validators import positive_number
+
+    @register_stage("outcome_reward_shaping", kwarg_checks={"factor": positive_number})
+    def scaled_for_test(inputs, *, factor: float = 1.0):
+        return inputs
+    try:
+        c = ActorConfig(advantage={"outcome_reward_shaping": {
+            "implementation": "scaled_for_test", "kwargs": {"factor": 2.0}}})
+        assert AdvantageModule(c).outcome.fn is scaled_for_test
+        with pytest.raises(ValueError, match=r"outcome_reward_shaping\.kwargs\.factor: expected a number > 0"):
+            ActorConfig(advantage={"outcome_reward_shaping": {
+                "implementation": "scaled_for_test", "kwargs": {"factor": 0}}})
+        with pytest.raises(ValueError, match=r"does not accept kwargs \['scale'\] \(it takes only \['factor'\]\)"):
+            ActorConfig(advantage={"outcome_reward_shaping": {
+                "implementation": "scaled_for_test", "kwargs": {"scale": 2}}})
+        with pytest.raises(ValueError, match="already registered"):
+            register_stage("outcome_reward_shaping", "scaled_for_test")(lambda inputs: inputs)
+        with pytest.raises(ValueError, match="does not take"):
+            register_stage("estimator", kwarg_checks={"x": positive_number})(lambda inputs: inputs)
+    finally:
+        del registry._REGISTRY["outcome_reward_shaping"]["scaled_for_test"]

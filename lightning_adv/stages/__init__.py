@@ -1,30 +1,31 @@
-"""Stage families and their resolution from the config.
+"""Stages: the built-ins (one registry, :mod:`lightning_adv.stages.registry`) and their
+resolution from the config.
 
 A :class:`Stage` is a child module of :class:`~lightning_adv.AdvantageModule` wrapping one
 resolved function and its bound kwargs, so ``print(module)`` shows the pipeline. Names
-resolve once, when the module is built (on every worker): a built-in name maps to the
-family's function, a dotted path is imported and its signature checked against the
-kwargs.
+resolve once, when the module is built (on every worker): a built-in name maps to its
+registered function, a dotted path is imported and its signature checked against the
+kwargs by the same code that checks a built-in's kwargs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import nn
 
-from lightning_adv.config import ActorConfig, StageSpec
 from lightning_adv.dotted_path import resolve_callable
-from lightning_adv.stages import estimators, outcome, process
+# Importing the built-in modules registers their functions.
+from lightning_adv.stages import estimators, outcome, process  # noqa: F401
+from lightning_adv.stages.registry import (
+    SELECTORS, builtin_names, builtin_stage, check_stage_choice, register_stage)
 
-#: Built-in functions of each stage family, by name.
-FAMILIES: dict[str, dict[str, Callable[..., Any]]] = {
-    "outcome_reward_shaping": outcome.BUILTINS,
-    "estimator": estimators.BUILTINS,
-    "process_adv_shaping": process.BUILTINS,
-    "compute": {},
-}
+if TYPE_CHECKING:
+    from lightning_adv.config import ActorConfig, StageSpec
+
+__all__ = ["Stage", "resolve_stage", "register_stage", "builtin_stage", "builtin_names",
+           "check_stage_choice", "SELECTORS"]
 
 
 class Stage(nn.Module):
@@ -56,14 +57,13 @@ class Stage(nn.Module):
         return f"{self.implementation}({kwargs})" if kwargs else self.implementation
 
 
-def resolve_stage(family: str, spec: Optional[StageSpec], config: ActorConfig) -> Stage:
+def resolve_stage(family: str, spec: Optional["StageSpec"], config: "ActorConfig") -> Stage:
     """Turn the config entry of one stage into a :class:`Stage` (``None`` means ``auto``)."""
-    spec = spec or StageSpec("auto")
-    name = spec.implementation
-    builtins = FAMILIES[family]
-    if not spec.is_builtin:
-        fn = resolve_callable(name, spec.kwargs, f"actor.advantage.{family}")
-        return Stage(family, name, fn, spec.kwargs, builtin=False)
+    name = spec.implementation if spec is not None else "auto"
+    kwargs = dict(spec.kwargs) if spec is not None else {}
+    if spec is not None and not spec.is_builtin:
+        fn = resolve_callable(name, kwargs, f"actor.advantage.{family}")
+        return Stage(family, name, fn, kwargs, builtin=False)
     if name == "auto":
         if family == "outcome_reward_shaping":
             name = "identity"
@@ -71,4 +71,4 @@ def resolve_stage(family: str, spec: Optional[StageSpec], config: ActorConfig) -
             name = "turn_gae" if config.estimator_unit == "turn" else "token_gae"
         else:  # the process mode is picked per call (call-time PRM selection, else additive)
             return Stage(family, "auto", None, {}, builtin=True)
-    return Stage(family, name, builtins[name], spec.kwargs, builtin=True)
+    return Stage(family, name, builtin_stage(family, name).fn, kwargs, builtin=True)

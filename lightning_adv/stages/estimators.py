@@ -7,12 +7,14 @@ import torch
 from lightning_adv.contracts import TemporalInputs, TemporalResult
 from lightning_adv.kernels import compute_token_gae, compute_turn_gae
 from lightning_adv.lambdas import compute_gae_lambda
+from lightning_adv.stages.registry import register_stage
 
 
 def _with_process(rewards, inputs: TemporalInputs):
     return rewards if inputs.process_rewards is None else rewards + inputs.process_rewards
 
 
+@register_stage("estimator")
 def token_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated tokens. The KL penalty is part of each step's reward, so it is
     discounted inside the recursion and included in the critic's returns."""
@@ -24,6 +26,7 @@ def token_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages, returns, rewards)
 
 
+@register_stage("estimator")
 def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated turns. The token KL penalty is added to the actor's advantages
     after the recursion, undiscounted, and stays out of the critic's returns."""
@@ -38,6 +41,7 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
+@register_stage("estimator")
 def reinforce(inputs: TemporalInputs) -> TemporalResult:
     """REINFORCE return-to-go over generated tokens, without a critic.
 
@@ -54,5 +58,3 @@ def reinforce(inputs: TemporalInputs) -> TemporalResult:
                                       gae_lambda=1.0)
     return TemporalResult(advantages, advantages.clone(), rewards)
 
-
-BUILTINS = {"token_gae": token_gae, "turn_gae": turn_gae, "reinforce": reinforce}

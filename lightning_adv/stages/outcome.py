@@ -13,8 +13,11 @@ from torch import Tensor
 
 from lightning_adv.contracts import OutcomeResult, OutcomeRewardInputs
 from lightning_adv.distributed import all_reduce_sum
+from lightning_adv.stages.registry import register_stage
+from lightning_adv.validators import check_bool, positive_number
 
 
+@register_stage("outcome_reward_shaping")
 def identity(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """Keep the (length-penalized) task rewards; an integer tensor stays integer."""
     return OutcomeResult(rewards=inputs.data["rewards"])
@@ -34,6 +37,7 @@ def _group_sum(values: Tensor, groups: Tensor, n_groups: int) -> Tensor:
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
 
 
+@register_stage("outcome_reward_shaping")
 def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """OPO: ``r_i - b``, with the length-weighted group baseline ``b = sum(l_j r_j) / sum(l_j)``.
 
@@ -52,6 +56,8 @@ def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     return OutcomeResult(rewards=(r - baseline[groups]).float())
 
 
+@register_stage("outcome_reward_shaping",
+                kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float = 1e-5) -> OutcomeResult:
     """GPG: ``alpha * (r_i - mean_g(r)) / F``, ``alpha = B / (B - M)``.
 
@@ -78,5 +84,3 @@ def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float 
     alpha = torch.where(valid > 0, totals[0] / valid.clamp_min(1.0), torch.ones_like(valid))
     return OutcomeResult(rewards=(alpha * centred).float())
 
-
-BUILTINS = {"identity": identity, "opo_baseline": opo_baseline, "gpg": gpg}

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_adv.config import check_gvpo_kwargs
 from lightning_adv.contracts import ProcessAdvantageInputs
+from lightning_adv.stages.registry import register_stage
+from lightning_adv.validators import check_gvpo_kwargs, non_negative_number
 
 
+@register_stage("process_adv_shaping")
 def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     """``A + r`` (r is 0 off the loss mask)."""
     if inputs.token_rewards is None:
@@ -20,6 +22,9 @@ def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     return inputs.advantages + inputs.token_rewards
 
 
+@register_stage("process_adv_shaping", kwarg_checks={
+    "negative_scale": non_negative_number, "zero_penalty": non_negative_number,
+    "zero_eps": non_negative_number})
 def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
          zero_penalty: float = 0.4, zero_eps: float = 1e-6) -> Tensor:
     """Reshape failed tokens (active, process reward < 0): a negative advantage is scaled
@@ -37,6 +42,7 @@ def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
     return torch.where(failed, shaped, adv)
 
 
+@register_stage("process_adv_shaping")
 def process_weighted(inputs: ProcessAdvantageInputs) -> Tensor:
     """Weight by process rewards p in [0, 1] on active tokens: ``A >= 0 -> A * p``;
     ``A < 0 -> p`` if ``p > 0`` else ``A``."""
@@ -52,5 +58,3 @@ def process_weighted(inputs: ProcessAdvantageInputs) -> Tensor:
     shaped = torch.where(adv >= 0, adv * p, torch.where(p > 0, p, adv))
     return torch.where(active, shaped, adv)
 
-
-BUILTINS = {"additive": additive, "gvpo": gvpo, "process_weighted": process_weighted}
