@@ -47,8 +47,10 @@ the slot axis). The plain loops these kernels must agree with are in
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
+from collections.abc import Iterator
 from typing import Union
 
 import torch
@@ -97,16 +99,46 @@ def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor
     return shape
 
 
+class TurnIdError(ValueError):
+    """Invalid turn ids. ``detail`` is the message without its prefix, so each boundary
+    names its own stage and key with :func:`turn_id_errors` instead of passing a name
+    down to the kernel."""
+
+    def __init__(self, where: str, detail: str):
+        super().__init__(f"{where}: {detail}")
+        self.detail = detail
+
+
+@contextlib.contextmanager
+def turn_id_errors(where: str) -> Iterator[None]:
+    """At a caller's boundary: turn-id errors raised inside the block become one plain
+    ``ValueError`` naming ``where`` (the caller's stage and key)."""
+    try:
+        yield
+    except TurnIdError as exc:
+        raise ValueError(f"{where}: {exc.detail}") from None
+
+
+@contextlib.contextmanager
+def _kernel_name(where: str) -> Iterator[None]:
+    # Inside the kernels: still a TurnIdError, so an outer boundary can rename it.
+    try:
+        yield
+    except TurnIdError as exc:
+        raise TurnIdError(where, exc.detail) from None
+
+
 def validate_turn_ids(active: Tensor, turn_ids: Tensor, where: str = "turn_ids") -> None:
     """Turn ids at active positions must be integers, >= 0, < T and non-decreasing.
 
     Inactive positions (prompt, tool output, padding) may hold anything (-1 by convention);
-    they neither start nor reset a turn.
+    they neither start nor reset a turn. Errors name ``where``.
     """
-    _turn_slots(active, turn_ids, where)
+    with _kernel_name(where):
+        _turn_slots(active, turn_ids)
 
 
-def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, Tensor, Tensor]:
+def _turn_slots(active: Tensor, turn_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Validate turn ids (:func:`validate_turn_ids`) and lay the tokens out by turn slot.
 
     Returns ``slot`` ([B, T] int64: turn id + 1 at active tokens, 0 elsewhere) and the first
@@ -115,13 +147,13 @@ def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, T
     and the order check.
     """
     if tuple(turn_ids.shape) != tuple(active.shape):
-        raise ValueError(f"{where}: turn_ids must have shape {list(active.shape)}, got "
+        raise TurnIdError("turn_ids", f"turn_ids must have shape {list(active.shape)}, got "
                          f"{list(turn_ids.shape)}")
     if turn_ids.device != active.device:
-        raise ValueError(f"{where}: turn_ids are on {turn_ids.device}, the loss mask on "
+        raise TurnIdError("turn_ids", f"turn_ids are on {turn_ids.device}, the loss mask on "
                          f"{active.device}")
     if turn_ids.is_floating_point() or turn_ids.is_complex() or turn_ids.dtype == torch.bool:
-        raise ValueError(f"{where}: turn_ids must use an integer dtype, got {turn_ids.dtype}")
+        raise TurnIdError("turn_ids", f"turn_ids must use an integer dtype, got {turn_ids.dtype}")
     bs, width = active.shape
     on = active.bool().long()
     # Masks are applied by arithmetic: on CPU a torch.where over [B, T] costs as much as
@@ -130,11 +162,11 @@ def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, T
     lowest, highest = torch.stack(torch.aminmax(slot)).tolist() if slot.numel() else (0, -1)
     if lowest < 0:
         bad = active.bool() & (turn_ids < 0)
-        raise ValueError(f"{where}: turn_ids must be non-negative at every active loss token "
+        raise TurnIdError("turn_ids", f"turn_ids must be non-negative at every active loss token "
                          f"(rows {_rows(bad)})")
     if highest >= width:
         bad = active.bool() & (turn_ids >= width)
-        raise ValueError(f"{where}: turn_ids at active loss tokens must be smaller than the "
+        raise TurnIdError("turn_ids", f"turn_ids at active loss tokens must be smaller than the "
                          f"sequence length {width} (rows {_rows(bad)})")
     slot.add_(on)
     n_slots = max(highest, -1) + 2
@@ -149,7 +181,7 @@ def _turn_slots(active: Tensor, turn_ids: Tensor, where: str) -> tuple[Tensor, T
     # Empty slots (first = T, last = -1) can never fail.
     bad = last.cummax(1).values[:, :-1] > first[:, 1:]
     if bool(bad.any()):
-        raise ValueError(f"{where}: turn_ids at active loss tokens must be non-decreasing along "
+        raise TurnIdError("turn_ids", f"turn_ids at active loss tokens must be non-decreasing along "
                          f"each row (rows {_rows(bad)})")
     return slot, first, last
 
@@ -189,21 +221,22 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
 
 
 def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tensor, *,
-                     bootstrap_values: Tensor, discount: float, gae_lambda: Lambda,
-                     where: str = "compute_turn_gae") -> tuple[Tensor, Tensor]:
+                     bootstrap_values: Tensor, discount: float,
+                     gae_lambda: Lambda) -> tuple[Tensor, Tensor]:
     """GAE with each generated turn as one timestep. Returns ``(advantages, returns)``.
 
     A turn's reward is the sum of its active positions' rewards and its value is the value
     at its first active position. Every active token gets its turn's advantage and turn
     return; inactive positions get advantage 0 and return ``values``. Turn ids may skip
     numbers; only turns with active tokens are timesteps. The last turn of a row
-    bootstraps from ``bootstrap_values`` (0 for rows that ended with EOS). ``where`` prefixes
-    the turn-id errors (a caller names its stage and batch key).
+    bootstraps from ``bootstrap_values`` (0 for rows that ended with EOS). Turn-id errors
+    are :class:`TurnIdError`; a caller names its stage and key with :func:`turn_id_errors`.
     """
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
-    slot, first, last = _turn_slots(loss_mask, turn_ids, where)
+    with _kernel_name("compute_turn_gae"):
+        slot, first, last = _turn_slots(loss_mask, turn_ids)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     rewards, values = rewards.to(dtype), values.to(dtype)
     mask = loss_mask.to(dtype)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.dotted_path import resolve_callable
+from lightning_adv.kernels import TurnIdError, turn_id_errors, validate_turn_ids
 
 if TYPE_CHECKING:
     from lightning_adv.contracts import TemporalInputs
@@ -87,15 +88,14 @@ def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> Tens
     return torch.where(lengths > 1, lam, (lengths == 1).float())
 
 
-def build_lambda_context(loss_mask: Tensor, turn_ids: Tensor | None, unit: str,
-                         where: str = "gae_lambda") -> GAELambdaContext:
+def build_lambda_context(loss_mask: Tensor, turn_ids: Tensor | None,
+                         unit: str) -> GAELambdaContext:
     """Lengths from the aligned loss mask and turn ids; turn ids are validated if present."""
-    from lightning_adv.kernels import validate_turn_ids
 
     active = loss_mask.bool()
     token_lengths = active.sum(dim=1)
     if turn_ids is not None:
-        validate_turn_ids(active, turn_ids, where=where)
+        validate_turn_ids(active, turn_ids)
         width = loss_mask.shape[1]
         ids = turn_ids.long().clamp(0, width - 1)
         per_turn = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)
@@ -103,7 +103,7 @@ def build_lambda_context(loss_mask: Tensor, turn_ids: Tensor | None, unit: str,
         turn_counts = (per_turn > 0).sum(dim=1)
     else:
         if unit == "turn":
-            raise ValueError(f"{where}: turn timesteps need 'turn_ids' in the rollout batch")
+            raise TurnIdError("gae_lambda", "turn timesteps need 'turn_ids' in the rollout batch")
         turn_counts = torch.zeros_like(token_lengths)
     timestep = token_lengths if unit == "token" else turn_counts
     return GAELambdaContext(token_lengths, turn_counts, timestep)
@@ -145,9 +145,9 @@ def compute_gae_lambda(inputs: "TemporalInputs", unit: str) -> Union[float, Tens
         return float(config.gae_lambda)
     key = "actor.gae_lambda"
     fn = resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, key)
-    context = build_lambda_context(
-        inputs.loss_mask, inputs.turn_ids, unit,
-        where=f"{key} {config.gae_lambda!r}: rollout batch 'turn_ids' (shifted one step left)")
+    where = f"{key} {config.gae_lambda!r}: rollout batch 'turn_ids' (shifted one step left)"
+    with turn_id_errors(where):
+        context = build_lambda_context(inputs.loss_mask, inputs.turn_ids, unit)
     lam = fn(context, **config.gae_lambda_kwargs)
     return check_lambda(lam, inputs.loss_mask.shape[0], inputs.loss_mask.device,
                         f"{key} {config.gae_lambda!r}")

@@ -165,62 +165,71 @@ def concat_batch(trajs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], Ba
     if isinstance(trajs, Mapping) or not isinstance(trajs, Sequence) or len(trajs) == 0:
         raise ValueError("concat_batch: expected a non-empty list of per-prompt dicts")
     keys = [k for k in trajs[0] if k != ROLLOUT_GROUP_KEY]
-    sizes: list[int] = []
-    seqlens: list[int] = []
-    groups: list[Optional[RolloutGroup]] = []
-    for i, traj in enumerate(trajs):
-        if not isinstance(traj, Mapping):
-            raise ValueError(f"concat_batch: prompt {i} is a {type(traj).__name__}, expected a dict")
-        other = [k for k in traj if k != ROLLOUT_GROUP_KEY]
-        if set(other) != set(keys):
-            raise ValueError(f"concat_batch: prompt {i} has keys {sorted(other)}, but prompt 0 has "
-                             f"{sorted(keys)}; every prompt must carry the same keys")
-        mask = traj.get("attention_mask")
-        if not isinstance(mask, torch.Tensor) or mask.ndim != 2:
-            raise ValueError(f"concat_batch: prompt {i} needs a 2-D 'attention_mask' tensor "
-                             f"[rows, width], got {type(mask).__name__}")
-        rows, width = mask.shape
-        sizes.append(rows)
-        seqlens.append(width)
-        group = traj.get(ROLLOUT_GROUP_KEY)
-        if group is not None:
-            if not isinstance(group, RolloutGroup):
-                raise ValueError(f"concat_batch: prompt {i} 'rollout_group' must be a RolloutGroup "
-                                 f"or None, got {type(group).__name__}")
-            try:
-                group.validate_rows(rows)
-            except ValueError as exc:
-                raise ValueError(f"concat_batch: prompt {i} 'rollout_group': {exc}") from None
-        groups.append(group)
-
+    shapes = [_prompt_shape(i, traj, keys) for i, traj in enumerate(trajs)]
+    sizes = [rows for rows, _ in shapes]
+    seqlens = [width for _, width in shapes]
+    groups = [_prompt_group(i, traj, rows) for i, (traj, rows) in enumerate(zip(trajs, sizes))]
     width = max(seqlens)
-    batch: dict[str, Any] = {}
-    for key in keys:
-        values = [traj[key] for traj in trajs]
-        first = values[0]
-        if isinstance(first, torch.Tensor):
-            for i, v in enumerate(values):
-                if not isinstance(v, torch.Tensor) or v.ndim != first.ndim:
-                    raise ValueError(f"concat_batch: '{key}' of prompt {i} is not a tensor of the "
-                                     f"same rank as prompt 0's")
-            if first.ndim >= 1:
-                for i, v in enumerate(values):
-                    if v.shape[0] != sizes[i]:
-                        raise ValueError(f"concat_batch: '{key}' of prompt {i} has {v.shape[0]} "
-                                         f"rows, but its attention_mask has {sizes[i]}")
-            if first.ndim >= 2:
-                # A tensor wider than the prompts keeps its extra width, so the module can
-                # report the shape mismatch instead of silently losing columns.
-                key_width = max([width] + [v.shape[1] for v in values])
-                values = [_pad_width(v, key_width) for v in values]
-            batch[key] = torch.cat(values, dim=0) if first.ndim >= 1 else first.clone()
-        elif isinstance(first, list):
-            batch[key] = [item for v in values for item in v]
-        else:
-            batch[key] = first
+    batch = {key: _concat_values(key, [traj[key] for traj in trajs], sizes, width)
+             for key in keys}
     meta = BatchMeta(n_trajs=len(trajs), traj_group_sizes=sizes, traj_seqlens=seqlens,
                      rollout_groups=groups)
     return batch, meta
+
+
+def _prompt_shape(i: int, traj: Any, keys: list[str]) -> tuple[int, int]:
+    """Rows and width of prompt ``i``, which must carry the same keys as prompt 0."""
+    if not isinstance(traj, Mapping):
+        raise ValueError(f"concat_batch: prompt {i} is a {type(traj).__name__}, expected a dict")
+    other = [k for k in traj if k != ROLLOUT_GROUP_KEY]
+    if set(other) != set(keys):
+        raise ValueError(f"concat_batch: prompt {i} has keys {sorted(other)}, but prompt 0 has "
+                         f"{sorted(keys)}; every prompt must carry the same keys")
+    mask = traj.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2:
+        raise ValueError(f"concat_batch: prompt {i} needs a 2-D 'attention_mask' tensor "
+                         f"[rows, width], got {type(mask).__name__}")
+    rows, width = mask.shape
+    return rows, width
+
+
+def _prompt_group(i: int, traj: Mapping[str, Any], rows: int) -> Optional[RolloutGroup]:
+    group = traj.get(ROLLOUT_GROUP_KEY)
+    if group is None:
+        return None
+    if not isinstance(group, RolloutGroup):
+        raise ValueError(f"concat_batch: prompt {i} 'rollout_group' must be a RolloutGroup "
+                         f"or None, got {type(group).__name__}")
+    try:
+        group.validate_rows(rows)
+    except ValueError as exc:
+        raise ValueError(f"concat_batch: prompt {i} 'rollout_group': {exc}") from None
+    return group
+
+
+def _concat_values(key: str, values: list[Any], sizes: list[int], width: int) -> Any:
+    """One key over all prompts: tensors padded and concatenated, lists joined, other
+    values taken from the first prompt."""
+    first = values[0]
+    if isinstance(first, list):
+        return [item for v in values for item in v]
+    if not isinstance(first, torch.Tensor):
+        return first
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or v.ndim != first.ndim:
+            raise ValueError(f"concat_batch: '{key}' of prompt {i} is not a tensor of the "
+                             f"same rank as prompt 0's")
+        if first.ndim >= 1 and v.shape[0] != sizes[i]:
+            raise ValueError(f"concat_batch: '{key}' of prompt {i} has {v.shape[0]} "
+                             f"rows, but its attention_mask has {sizes[i]}")
+    if first.ndim == 0:
+        return first.clone()
+    if first.ndim >= 2:
+        # A tensor wider than the prompts keeps its extra width, so the module can
+        # report the shape mismatch instead of silently losing columns.
+        key_width = max([width] + [v.shape[1] for v in values])
+        values = [_pad_width(v, key_width) for v in values]
+    return torch.cat(values, dim=0)
 
 
 def split_batch(batch: Mapping[str, Any], meta: BatchMeta) -> list[dict[str, Any]]:

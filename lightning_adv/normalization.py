@@ -48,6 +48,29 @@ def _expand(per_row: Tensor, like: Tensor) -> Tensor:
     return per_row.reshape((-1,) + (1,) * (like.ndim - 1)).expand_as(like)
 
 
+class _Groups:
+    """Prompt groups as segment sums over rows: each row's group and member count."""
+
+    def __init__(self, x: Tensor, sizes: list[int], member_counts: Optional[Sequence[int]],
+                 key: str):
+        self.n_groups = len(sizes)
+        if member_counts is None:
+            members = torch.tensor(sizes, device=x.device)
+        else:
+            if len(member_counts) != self.n_groups or any(c < 1 for c in member_counts):
+                raise ValueError(f"{key}: member counts {list(member_counts)} do not match the "
+                                 f"{self.n_groups} groups")
+            members = torch.tensor(list(member_counts), device=x.device)
+        self.row_group = torch.repeat_interleave(torch.arange(self.n_groups, device=x.device),
+                                                 torch.tensor(sizes, device=x.device))
+        self.row_members = members[self.row_group]
+
+    def total(self, per_row: Tensor) -> Tensor:
+        """Each row's group total of ``per_row`` (float64)."""
+        total = torch.zeros(self.n_groups, dtype=torch.float64, device=per_row.device)
+        return total.index_add_(0, self.row_group, per_row)[self.row_group]
+
+
 def affine_parameters(x: Tensor, config: NormConfig, mask: Optional[Tensor] = None,
                       group_sizes: Optional[Sequence[int]] = None,
                       member_counts: Optional[Sequence[int]] = None,
@@ -66,54 +89,42 @@ def affine_parameters(x: Tensor, config: NormConfig, mask: Optional[Tensor] = No
     counts_per_row = (_row_sum(md) if md is not None
                       else torch.full((x.shape[0],), x[0].numel() if x.shape[0] else 0,
                                       dtype=f64, device=x.device))
-    levels = (config.mean_level, config.std_level)
-    if "group" in levels:
+    groups = None
+    if "group" in (config.mean_level, config.std_level):
         sizes = group_slices(x.shape[0], group_sizes, config.group_size, key)
-        n_groups = len(sizes)
-        if member_counts is None:
-            members = torch.tensor(sizes, device=x.device)
-        else:
-            if len(member_counts) != n_groups or any(c < 1 for c in member_counts):
-                raise ValueError(f"{key}: member counts {list(member_counts)} do not match the "
-                                 f"{n_groups} groups")
-            members = torch.tensor(list(member_counts), device=x.device)
-        row_group = torch.repeat_interleave(torch.arange(n_groups, device=x.device),
-                                            torch.tensor(sizes, device=x.device))
-        row_members = members[row_group]
-
-        def group_total(per_row: Tensor) -> Tensor:
-            total = torch.zeros(n_groups, dtype=f64, device=x.device)
-            return total.index_add_(0, row_group, per_row)[row_group]
-
-    # Mean.
-    if config.mean_level == "batch":
-        stats = all_reduce_sum(torch.stack([_row_sum(masked).sum(), counts_per_row.sum()]))
-        mean = _mean(xd, md, masked, stats[0], stats[1], config.mean_leave1out)
-    elif config.mean_level == "group":
-        total = _expand(group_total(_row_sum(masked)), x)
-        count = _expand(group_total(counts_per_row), x)
-        mean = _mean(xd, md, masked, total, count, config.mean_leave1out)
-        if config.mean_leave1out:
-            singleton = _expand(row_members == 1, x)
-            mean = torch.where(singleton, xd, mean)
-        mean = mean.to(x.dtype)  # group means are stored at x's precision, as in the legacy code
-    else:
-        mean = torch.zeros_like(x)
-
-    # Std, from deviations to each element's own mean.
+        groups = _Groups(x, sizes, member_counts, key)
+    mean = _baseline(x, xd, md, masked, counts_per_row, config, groups)
     if config.std_level is None:
         return mean, torch.ones_like(x)
+    # Std, from deviations to each element's own mean.
     dev = (masked - mean.to(f64) * md) if md is not None else (xd - mean.to(f64))
     sq = _row_sum(dev * dev)
     if config.std_level == "batch":
         stats = all_reduce_sum(torch.stack([sq.sum(), counts_per_row.sum()]))
         std = _std(stats[0], stats[1], config.std_unbiased).expand_as(x)
     else:
-        std = _std(group_total(sq), group_total(counts_per_row), config.std_unbiased)
+        std = _std(groups.total(sq), groups.total(counts_per_row), config.std_unbiased)
         if config.std_unbiased:
-            std = torch.where(row_members == 1, torch.ones_like(std), std)
+            std = torch.where(groups.row_members == 1, torch.ones_like(std), std)
         std = _expand(std, x).to(x.dtype)
     return mean, std + config.eps
+
+
+def _baseline(x: Tensor, xd: Tensor, md: Optional[Tensor], masked: Tensor,
+              counts_per_row: Tensor, config: NormConfig, groups: Optional[_Groups]) -> Tensor:
+    """The mean (or leave-one-out mean) at the configured level, broadcast to ``x``."""
+    if config.mean_level == "batch":
+        stats = all_reduce_sum(torch.stack([_row_sum(masked).sum(), counts_per_row.sum()]))
+        return _mean(xd, md, masked, stats[0], stats[1], config.mean_leave1out)
+    if config.mean_level == "group":
+        total = _expand(groups.total(_row_sum(masked)), x)
+        count = _expand(groups.total(counts_per_row), x)
+        mean = _mean(xd, md, masked, total, count, config.mean_leave1out)
+        if config.mean_leave1out:
+            singleton = _expand(groups.row_members == 1, x)
+            mean = torch.where(singleton, xd, mean)
+        return mean.to(x.dtype)  # group means are stored at x's precision, as in the legacy code
+    return torch.zeros_like(x)
 
 
 def _mean(xd: Tensor, md: Optional[Tensor], masked: Tensor, total: Tensor, count: Tensor,

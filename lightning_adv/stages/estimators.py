@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lightning_adv.contracts import TemporalInputs, TemporalResult
-from lightning_adv.kernels import compute_token_gae, compute_turn_gae
+from lightning_adv.kernels import compute_token_gae, compute_turn_gae, turn_id_errors
 from lightning_adv.lambdas import compute_gae_lambda
 from lightning_adv.stages.registry import register_stage
 
@@ -33,11 +33,11 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     if inputs.turn_ids is None:
         raise ValueError("estimator 'turn_gae': rollout batch has no 'turn_ids'")
     rewards = _with_process(inputs.outcome_rewards, inputs)
-    advantages, returns = compute_turn_gae(
-        rewards, inputs.values, inputs.loss_mask, inputs.turn_ids,
-        bootstrap_values=inputs.bootstrap_values * inputs.is_truncated,
-        discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "turn"),
-        where="estimator 'turn_gae': rollout batch 'turn_ids' (shifted one step left)")
+    with turn_id_errors("estimator 'turn_gae': rollout batch 'turn_ids' (shifted one step left)"):
+        advantages, returns = compute_turn_gae(
+            rewards, inputs.values, inputs.loss_mask, inputs.turn_ids,
+            bootstrap_values=inputs.bootstrap_values * inputs.is_truncated,
+            discount=inputs.discount, gae_lambda=compute_gae_lambda(inputs, "turn"))
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
