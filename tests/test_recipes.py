@@ -59,6 +59,23 @@ def test_yaml_files_match_the_recipes():
         ActorConfig(**yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()))
 
 
+def test_yaml_files_are_generated_from_the_recipes(tmp_path, capsys):
+    # One source of truth: the shipped files are exactly what the generator writes.
+    from lightning_adv.recipes import main, recipe_yaml
+    for name in RECIPES:
+        assert (CONFIGS / f"{name}.yaml").read_text() == recipe_yaml(name), (
+            f"configs/advantage/{name}.yaml is out of step; run "
+            f"python -m lightning_adv.recipes --write configs/advantage")
+    main(["--write", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.yaml" for n in RECIPES)
+    assert yaml.safe_load((tmp_path / "opo.yaml").read_text())["reward_clip"] == math.inf
+    capsys.readouterr()
+    main(["gpg"])
+    assert capsys.readouterr().out == recipe_yaml("gpg")
+    with pytest.raises(SystemExit, match="usage"):
+        main(["nope"])
+
+
 def test_grpo():
     # Group A: mean .5, unbiased std sqrt(1/3); group B: equal references -> scale 1.
     s = math.sqrt(1 / 3) + 1e-5
