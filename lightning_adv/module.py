@@ -22,7 +22,7 @@ from lightning_adv.contracts import (
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
 from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
-from lightning_adv.normalization import normalize, normalize_outcome_rewards
+from lightning_adv.normalization import norm_errors, normalize, normalize_outcome_rewards
 from lightning_adv.prm import resolve_process_mode
 from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
 from lightning_adv.batch_checks import BatchFacts, validate_batch
@@ -146,10 +146,11 @@ class AdvantageModule(nn.Module):
         norm = self.config.adv_norm
         if norm is None:
             return advantages
-        if meta is None:
-            return normalize(advantages, norm, loss_mask, key="actor.adv_norm")
-        return normalize(advantages, norm, loss_mask, group_sizes=meta.traj_group_sizes,
-                         member_counts=meta.logical_group_sizes, key="actor.adv_norm")
+        with norm_errors("actor.adv_norm"):
+            if meta is None:
+                return normalize(advantages, norm, loss_mask)
+            return normalize(advantages, norm, loss_mask, group_sizes=meta.traj_group_sizes,
+                             member_counts=meta.logical_group_sizes)
 
     # ------------------------------------------------------------------ full replacement
 

@@ -10,7 +10,8 @@ Groups are vectorized as segment sums over rows instead of a Python loop per pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import torch
@@ -23,19 +24,39 @@ from lightning_adv.meta import BatchMeta
 from lightning_adv.rewards import scale_rewards
 
 
-def group_slices(batch_size: int, group_sizes: Optional[Sequence[int]], group_size: int,
-                 key: str) -> list[int]:
+class GroupingError(ValueError):
+    """Groups that do not fit the batch. ``field`` (``""`` or ``".group_size"``) and
+    ``detail`` let the caller name its config key at its boundary (:func:`norm_errors`)."""
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"norm{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+@contextlib.contextmanager
+def norm_errors(key: str) -> Iterator[None]:
+    """At the caller's boundary: grouping errors inside the block name ``key``
+    (``actor.reward_norm.group_size: ...``) as one plain ``ValueError``."""
+    try:
+        yield
+    except GroupingError as exc:
+        raise ValueError(f"{key}{exc.field}: {exc.detail}") from None
+
+
+def group_slices(batch_size: int, group_sizes: Optional[Sequence[int]],
+                 group_size: int) -> list[int]:
     """Rows of each group: ``group_sizes`` if given, else fixed ``group_size`` slices."""
     if group_sizes is not None:
         sizes = list(group_sizes)
         if any((not isinstance(s, int)) or s <= 0 for s in sizes):
-            raise ValueError(f"{key}: group sizes must all be positive integers, got {sizes}")
+            raise GroupingError("", f"group sizes must all be positive integers, got {sizes}")
         if sum(sizes) != batch_size:
-            raise ValueError(f"{key}: group sizes {sizes} sum to {sum(sizes)}, but the batch has "
+            raise GroupingError("", f"group sizes {sizes} sum to {sum(sizes)}, but the batch has "
                              f"{batch_size} rows")
         return sizes
     if batch_size % group_size:
-        raise ValueError(f"{key}.group_size: {batch_size} rows do not split into groups of "
+        raise GroupingError(".group_size", f"{batch_size} rows do not split into groups of "
                          f"{group_size}; pass meta (traj_group_sizes) or change group_size")
     return [group_size] * (batch_size // group_size)
 
@@ -51,14 +72,13 @@ def _expand(per_row: Tensor, like: Tensor) -> Tensor:
 class _Groups:
     """Prompt groups as segment sums over rows: each row's group and member count."""
 
-    def __init__(self, x: Tensor, sizes: list[int], member_counts: Optional[Sequence[int]],
-                 key: str):
+    def __init__(self, x: Tensor, sizes: list[int], member_counts: Optional[Sequence[int]]):
         self.n_groups = len(sizes)
         if member_counts is None:
             members = torch.tensor(sizes, device=x.device)
         else:
             if len(member_counts) != self.n_groups or any(c < 1 for c in member_counts):
-                raise ValueError(f"{key}: member counts {list(member_counts)} do not match the "
+                raise GroupingError("", f"member counts {list(member_counts)} do not match the "
                                  f"{self.n_groups} groups")
             members = torch.tensor(list(member_counts), device=x.device)
         self.row_group = torch.repeat_interleave(torch.arange(self.n_groups, device=x.device),
@@ -73,8 +93,7 @@ class _Groups:
 
 def affine_parameters(x: Tensor, config: NormConfig, mask: Optional[Tensor] = None,
                       group_sizes: Optional[Sequence[int]] = None,
-                      member_counts: Optional[Sequence[int]] = None,
-                      key: str = "norm") -> tuple[Tensor, Tensor]:
+                      member_counts: Optional[Sequence[int]] = None) -> tuple[Tensor, Tensor]:
     """The baseline and divisor (``std + eps``) of ``x``, each broadcast to ``x``'s shape.
 
     ``mask`` selects the elements that count; ``group_sizes`` gives the rows of each
@@ -91,8 +110,8 @@ def affine_parameters(x: Tensor, config: NormConfig, mask: Optional[Tensor] = No
                                       dtype=f64, device=x.device))
     groups = None
     if "group" in (config.mean_level, config.std_level):
-        sizes = group_slices(x.shape[0], group_sizes, config.group_size, key)
-        groups = _Groups(x, sizes, member_counts, key)
+        sizes = group_slices(x.shape[0], group_sizes, config.group_size)
+        groups = _Groups(x, sizes, member_counts)
     mean = _baseline(x, xd, md, masked, counts_per_row, config, groups)
     if config.std_level is None:
         return mean, torch.ones_like(x)
@@ -148,11 +167,11 @@ def _std(sq: Tensor, count: Tensor, unbiased: bool) -> Tensor:
 
 def normalize(x: Tensor, config: NormConfig, mask: Optional[Tensor] = None,
               group_sizes: Optional[Sequence[int]] = None,
-              member_counts: Optional[Sequence[int]] = None, key: str = "norm") -> Tensor:
+              member_counts: Optional[Sequence[int]] = None) -> Tensor:
     """``(x - mean) [* mask] / (std + eps)`` as float32; ``x`` unchanged if the mask is empty."""
     if mask is not None and not bool(any_across_ranks(bool(mask.any()), x.device)):
         return x.float()
-    mean, scale = affine_parameters(x, config, mask, group_sizes, member_counts, key)
+    mean, scale = affine_parameters(x, config, mask, group_sizes, member_counts)
     centered = x - mean
     if mask is not None:
         centered = centered * mask
@@ -176,20 +195,21 @@ def normalize_outcome_rewards(outcome: OutcomeResult, task_rewards: Tensor,
     norm = config.reward_norm
     if norm is None:
         return scores
-    key = "actor.reward_norm"
     if meta is None or meta.rollout_groups is None:
         if outcome.normalization_rewards is not None:
             raise ValueError(f"{stage}: normalization_rewards need complete metadata "
                              f"(meta.rollout_groups from concat_batch)")
         sizes = meta.traj_group_sizes if meta is not None else None
-        return normalize(scores, norm, group_sizes=sizes, key=key)
+        with norm_errors("actor.reward_norm"):
+            return normalize(scores, norm, group_sizes=sizes)
     if norm.mean_level is None and norm.std_level is None:
         return scores.float()
     references, member = rollout_references(
         outcome, task_rewards, meta, identity_outcome=identity_outcome,
         compare_task_rewards=config.overlong_reward_penalty, stage=stage)
-    mean, scale = affine_parameters(scale_rewards(references, config), norm,
-                                    group_sizes=meta.logical_group_sizes, key=key)
+    with norm_errors("actor.reward_norm"):
+        mean, scale = affine_parameters(scale_rewards(references, config), norm,
+                                        group_sizes=meta.logical_group_sizes)
     if norm.std_level is not None:
         # Logical groups whose references all agree would divide by eps.
         scale = torch.where(scale <= 2 * norm.eps, torch.ones_like(scale), scale)
