@@ -5,7 +5,7 @@ on the results of user stages. (Scalar config validators live in
 
 A stage is a plain function ``fn(inputs, **kwargs) -> result``. Inputs are frozen
 dataclasses; the batch mapping handed to a stage is read-only. After a user stage
-returns, :class:`StageCall` checks its result against the contract and verifies that
+returns, :class:`StageContractCheck` checks its result against the contract and verifies that
 no input tensor was modified in place (tensor version counters) and no key was added
 or removed. Any violation raises :class:`AdvantageContractError` naming the stage, the
 implementation and the field.
@@ -190,7 +190,7 @@ def read_only(data: Mapping[str, Any]) -> ReadOnlyData:
 # Checks
 
 
-class StageCall:
+class StageContractCheck:
     """The checks around one call of a user stage: inputs before and after, and its result."""
 
     def __init__(self, where: str, inputs: Any, task_rewards: Optional[Tensor],
@@ -258,7 +258,7 @@ def _input_tensors(inputs: Any):
         yield "tensor", inputs
 
 
-def check_outcome_result(call: StageCall, result: Any, n_logical: Optional[int]) -> OutcomeResult:
+def check_outcome_result(call: StageContractCheck, result: Any, n_logical: Optional[int]) -> OutcomeResult:
     if not isinstance(result, OutcomeResult):
         call.fail("result", "an OutcomeResult", type(result).__name__)
     call.tensor("rewards", result.rewards, (call.batch_size,), allow_task_integers=True)
@@ -270,7 +270,7 @@ def check_outcome_result(call: StageCall, result: Any, n_logical: Optional[int])
     return result
 
 
-def check_temporal_result(call: StageCall, result: Any) -> TemporalResult:
+def check_temporal_result(call: StageContractCheck, result: Any) -> TemporalResult:
     if not isinstance(result, TemporalResult):
         call.fail("result", "a TemporalResult", type(result).__name__)
     shape = (call.batch_size, call.width)
@@ -279,11 +279,11 @@ def check_temporal_result(call: StageCall, result: Any) -> TemporalResult:
     return result
 
 
-def check_process_result(call: StageCall, result: Any) -> Tensor:
+def check_process_result(call: StageContractCheck, result: Any) -> Tensor:
     return call.tensor("result", result, (call.batch_size, call.width))
 
 
-def check_advantage_result(call: StageCall, result: Any, mopd: bool) -> AdvantageResult:
+def check_advantage_result(call: StageContractCheck, result: Any, mopd: bool) -> AdvantageResult:
     if not isinstance(result, AdvantageResult):
         call.fail("result", "an AdvantageResult", type(result).__name__)
     shape = (call.batch_size, call.width)

@@ -14,21 +14,20 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig
-from lightning_adv.contracts import (
-    AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageCall,
-    TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
-    check_process_result, check_temporal_result, read_only)
-from lightning_adv.lambdas import resolve_lambda_fn
-from lightning_adv.meta import BatchMeta
-from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
-from lightning_adv.normalization import norm_errors, normalize, normalize_outcome_rewards
-from lightning_adv.prm import resolve_process_mode
 from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
 from lightning_adv.batch_checks import BatchFacts, validate_batch
+from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig
+from lightning_adv.contracts import (
+    AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageContractCheck,
+    TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
+    check_process_result, check_temporal_result, read_only)
+from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
+from lightning_adv.lambdas import resolve_lambda_fn
+from lightning_adv.meta import BatchMeta
+from lightning_adv.normalization import norm_errors, normalize, normalize_outcome_rewards
+from lightning_adv.prm import resolve_process_mode
 from lightning_adv.rewards import apply_length_penalty
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
-
 
 class AdvantageModule(nn.Module):
     """Computes advantages, returns and rewards for a rollout batch (SPEC §3, §5).
@@ -173,10 +172,10 @@ class AdvantageModule(nn.Module):
     # ------------------------------------------------------------------ helpers
 
     def _call(self, stage: Stage, inputs: Any, bs: int, width: int, device: torch.device,
-              check: Callable[[StageCall, Any], Any], task_rewards: Optional[Tensor] = None) -> Any:
+              check: Callable[[StageContractCheck, Any], Any], task_rewards: Optional[Tensor] = None) -> Any:
         if stage.builtin:
             return stage(inputs)
-        call = StageCall(stage.where, inputs, task_rewards, bs, width, device)
+        call = StageContractCheck(stage.where, inputs, task_rewards, bs, width, device)
         result = stage(inputs)
         call.check_inputs_untouched()
         return check(call, result)
