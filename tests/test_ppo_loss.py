@@ -365,3 +365,97 @@ def test_a_bool_mask_and_a_float32_batch_work():
     as_bool = dict(data, loss_mask=data["loss_mask"].bool())
     cfg = full_config("token-mean")
     assert torch.allclose(call(PPOLoss(**cfg), as_bool)["loss"], call(PPOLoss(**cfg), data)["loss"])
+
+
+# ---------------------------------------------------------------- the built-in trainer
+
+
+def test_token_mean_equals_the_builtin_trainers_loss_and_metrics():
+    """PPOModule.update's loss, gradients and logged loss metrics, minibatch by minibatch,
+    against PPOLoss(token-mean) and AdvantageMetrics on the same tensors."""
+    from lightning_adv import ActorConfig, AdvantageMetrics
+    from lightning_adv.trainer.data import generator
+    from lightning_adv.trainer.policy import PolicyConfig, entropy, next_token_logprobs
+    from lightning_adv.trainer.ppo import PPOConfig, PPOModule
+
+    class Recorder(PPOModule):
+        """Records the loss and gradients of each minibatch; lr 0 keeps the weights fixed."""
+
+        def optimizers(self):
+            return self.sgd
+
+        def manual_backward(self, loss):
+            loss.backward()
+            self.recorded.append((loss.detach().clone(),
+                                  [p.grad.clone() for p in self.policy.parameters()]))
+
+    ppo = PPOConfig(prompts_per_step=4, n_samples=3, epochs=1, minibatches=2, entropy_coef=0.05,
+                    value_clip_eps=0.1, max_grad_norm=None)
+    module = Recorder(actor=ActorConfig(kl_ctl=0.1, gae_lambda=0.95),
+                      policy=PolicyConfig(d_model=16, n_layers=1, n_heads=2), ppo=ppo, seed=3)
+    module.sgd, module.recorded = torch.optim.SGD(module.policy.parameters(), lr=0.0), []
+    groups = module.rollout([0, 1, 2, 3], generator(3, "rollout", 0, 0))
+    batch, meta = module.make_batch(groups)
+    out = dict(module.advantage(batch, meta))
+    g = torch.Generator().manual_seed(0)
+    # off-policy old log-probs and values, so the clips bind
+    out["logprobs"] = out["logprobs"] + 0.3 * torch.randn(out["logprobs"].shape, generator=g) * out["loss_mask"]
+    batch = dict(batch, values=batch["values"] + 0.2 * torch.randn(batch["values"].shape, generator=g))
+    minibatch_gen = torch.Generator().manual_seed(11)
+    order = torch.randperm(len(batch["rewards"]), generator=torch.Generator().set_state(
+        minibatch_gen.get_state()))
+    module.update(batch, out, minibatch_gen)
+    # the advantage metrics as PPOModule.log_step feeds them
+    mask = out["loss_mask"]
+    module.metrics.update("total_rewards", out["tot_rewards"], mask)
+    module.metrics.update("kl_rewards", out["kl_rewards"], mask)
+    module.metrics.update_advantages(out["advantages"], mask)
+    module.metrics.update_values(batch["values"], out["returns"], mask)
+    trainer_metrics = module.metrics.compute()
+
+    loss_fn = PPOLoss(clip_eps=ppo.clip_eps, loss_agg_mode="token-mean", entropy_coef=ppo.entropy_coef,
+                      value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps)
+    metrics = AdvantageMetrics()
+    metrics.update(out, meta)
+    lengths = batch["attention_mask"].sum(1)
+    assert len(module.recorded) == 2
+    for chunk, (want_loss, want_grads) in zip(order.tensor_split(2), module.recorded):
+        width = int(lengths[chunk].max())
+        ids = batch["input_ids"][chunk, :width]
+        module.policy.zero_grad()
+        logits, values = module.policy(ids)
+        cut = {k: out[k][chunk, :width] for k in ("logprobs", "advantages", "loss_mask", "returns")}
+        result = loss_fn(next_token_logprobs(logits, ids, ppo.temperature), cut["logprobs"],
+                         cut["advantages"], cut["loss_mask"], values=values,
+                         old_values=batch["values"][chunk, :width], returns=cut["returns"],
+                         entropy=entropy(logits, ppo.temperature))
+        result["loss"].backward()
+        assert torch.allclose(result["loss"], want_loss, rtol=1e-6, atol=1e-7)
+        for p, want in zip(module.policy.parameters(), want_grads):
+            assert torch.allclose(p.grad, want, rtol=1e-5, atol=1e-7)
+        metrics.update(loss=result)
+    ours = metrics.compute()
+    assert 0 < ours["train/clipfrac"] < 1 and ours["train/advantages_std"] > 0
+    shared = sorted(set(ours) & set(trainer_metrics))
+    assert len(shared) == 9, shared  # 5 loss diagnostics, 2 token means, advantages mean/std
+    for key in shared:
+        assert torch.allclose(ours[key], trainer_metrics[key], rtol=1e-5, atol=1e-7), key
+
+
+# ---------------------------------------------------------------- DDP
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loss_ddp")
+    mp.spawn(workers.worker, args=(2, str(tmp / "init"), str(tmp / "rank0.pt")), nprocs=2, join=True)
+    return torch.load(tmp / "rank0.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_ddp_gradients_equal_one_process_on_the_global_batch(ddp_results, mode):
+    """Counts are all-reduced and the loss multiplied by the world size, so DDP's averaged
+    gradient is the gradient of the global loss (the ranks hold 2 and 5 rows, unequal tokens)."""
+    _, single = workers.loss_and_grads(workers.TinyPolicy(), workers.global_batch(), mode)
+    for got, want in zip(ddp_results["grads"][mode], single):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12), mode
