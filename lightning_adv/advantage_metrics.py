@@ -88,14 +88,14 @@ class AdvantageMetrics(Metric):
         """Add an ``AdvantageModule`` result (with its ``meta`` for the group statistic)
         and/or one ``PPOLoss`` result; either may be omitted, e.g. one advantage update
         per step and one loss update per minibatch."""
+        if out is None and meta is not None:
+            raise ValueError("AdvantageMetrics.update: meta was given without the "
+                             "AdvantageModule result (out) it describes")
         if out is None and loss is None:
             raise ValueError("AdvantageMetrics.update: expected an AdvantageModule result "
                              "(out) or a PPOLoss result (loss), got neither")
         if out is not None:
             self._update_advantages(out, meta)
-        elif meta is not None:
-            raise ValueError("AdvantageMetrics.update: meta was given without the "
-                             "AdvantageModule result (out) it describes")
         if loss is not None:
             self._update_loss(loss)
 

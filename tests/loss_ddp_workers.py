@@ -109,5 +109,6 @@ def worker(rank: int, world: int, init_file: str, out_path: str) -> None:
         results["compute"] = metrics.compute()
         if rank == 0:
             torch.save(results, out_path)
+        dist.barrier()  # neither rank tears gloo down while its peer still talks
     finally:
         dist.destroy_process_group()
