@@ -226,7 +226,12 @@ class PPOLoss(nn.Module):
         kl_coef = self.current_kl_coef
         self._check_inputs(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs,
                            values, old_values, returns, entropy, kl_coef)
-        mask = loss_mask.to(logprobs.dtype)
+        # Sums in at least float32: bfloat16 would count 257 tokens as 256.
+        dtype = torch.promote_types(logprobs.dtype, torch.float32)
+        logprobs, old_logprobs, advantages, ref_logprobs, values, old_values, returns, entropy = (
+            None if x is None else x.to(dtype) for x in (
+                logprobs, old_logprobs, advantages, ref_logprobs, values, old_values, returns, entropy))
+        mask = loss_mask.to(dtype)
         active = mask > 0
         counts = TokenCounts(mask, self.sync_across_ranks)
 
@@ -329,9 +334,3 @@ class PPOLoss(nn.Module):
             if needed and tensor is None:
                 raise ValueError(f"PPOLoss {name}: required with {reason}, got None")
 
-
-def loss_inputs(out: Mapping[str, Any]) -> dict[str, Tensor]:
-    """The ``PPOLoss`` arguments an ``AdvantageModule`` result provides (``old_logprobs``,
-    ``advantages``, ``loss_mask``, ``returns``); add the current policy's outputs."""
-    return {"old_logprobs": out["logprobs"], "advantages": out["advantages"],
-            "loss_mask": out["loss_mask"], "returns": out["returns"]}

@@ -459,3 +459,12 @@ def test_ddp_gradients_equal_one_process_on_the_global_batch(ddp_results, mode):
     _, single = workers.loss_and_grads(workers.TinyPolicy(), workers.global_batch(), mode)
     for got, want in zip(ddp_results["grads"][mode], single):
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-12), mode
+
+
+def test_bfloat16_log_probs_count_tokens_exactly():
+    """257 active tokens: bfloat16 would count 256; the loss is computed in float32."""
+    lp = torch.zeros(1, 257, dtype=torch.bfloat16)
+    adv = torch.ones(1, 257, dtype=torch.bfloat16)
+    out = PPOLoss()(lp, lp, adv, torch.ones(1, 257))
+    assert out["num_tokens"].item() == 257 and out["loss"].dtype == torch.float32
+    assert out["loss"].item() == -1.0
