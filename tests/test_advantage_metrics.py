@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.multiprocessing as mp
+from hypothesis import given, settings, strategies as st
 
 from examples.quickstart import small_batch
 from lightning_adv import (
@@ -208,3 +209,28 @@ def test_ddp_means_equal_one_process_on_the_union(ddp_results):
             assert torch.allclose(ddp_results[which][key], want, rtol=1e-6, atol=1e-7), (which, key)
     assert single["compute"]["train/zero_adv_group_frac"].item() == pytest.approx(0.25)
     assert "train/policy_loss" in single["compute"] and "train/process_reward" in single["compute"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), sizes=st.lists(st.integers(1, 3), min_size=2, max_size=5),
+       cut=st.integers(1, 4))
+def test_split_updates_equal_one_update(seed, sizes, cut):
+    """Prompt groups split over several updates (as over ranks) give the statistics of one
+    update over all of them."""
+    g = torch.Generator().manual_seed(seed)
+    rows, width = sum(sizes), 5
+    mask = (torch.rand(rows, width, generator=g) < 0.6).float()
+    out = {k: torch.randn(rows, width, generator=g) * (torch.rand(rows, 1, generator=g) < 0.7)
+           for k in ("advantages", "returns", "tot_rewards", "kl_rewards")}
+    out["loss_mask"] = mask
+    whole = AdvantageMetrics()(out, BatchMeta(n_trajs=len(sizes), traj_group_sizes=sizes))
+    cut = min(cut, len(sizes) - 1)
+    split = sum(sizes[:cut])
+    metric = AdvantageMetrics()
+    metric.update({k: v[:split] for k, v in out.items()}, BatchMeta(n_trajs=cut, traj_group_sizes=sizes[:cut]))
+    metric.update({k: v[split:] for k, v in out.items()},
+                  BatchMeta(n_trajs=len(sizes) - cut, traj_group_sizes=sizes[cut:]))
+    parts = metric.compute()
+    assert set(parts) == set(whole)
+    for key in whole:
+        assert torch.allclose(parts[key], whole[key], rtol=1e-5, atol=1e-6), key

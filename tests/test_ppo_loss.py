@@ -468,3 +468,20 @@ def test_bfloat16_log_probs_count_tokens_exactly():
     out = PPOLoss()(lp, lp, adv, torch.ones(1, 257))
     assert out["num_tokens"].item() == 257 and out["loss"].dtype == torch.float32
     assert out["loss"].item() == -1.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), tokens=st.integers(1, 5))
+def test_modes_agree_when_every_sequence_has_the_same_tokens(seed, tokens):
+    """n tokens in each of B rows: token-mean = seq-mean-token-mean = seq-mean-token-sum / n
+    = seq-mean-token-sum-norm with the constant B * n."""
+    data = random_inputs(seed, rows=4, width=6)
+    mask = torch.zeros(4, 6, dtype=torch.float64)
+    for b in range(4):
+        mask[b, torch.randperm(6, generator=torch.Generator().manual_seed(seed + b))[:tokens]] = 1
+    data["loss_mask"] = mask
+    losses = {mode: call(PPOLoss(**full_config(mode, loss_scale_factor=4.0 * tokens)), data)["loss"].item()
+              for mode in LOSS_AGG_MODES}
+    assert losses["seq-mean-token-mean"] == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
+    assert losses["seq-mean-token-sum"] / tokens == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
+    assert losses["seq-mean-token-sum-norm"] == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
