@@ -29,6 +29,11 @@ Semantics follow verl's ``compute_policy_loss_vanilla``, ``agg_loss``, ``kl_pena
   sequence (outcome advantages, GRPO), and both clip the sequence ratio.
 - The KL estimators ``k1``, ``k2`` and ``abs`` are not clamped (as verl); ``k3``
   (alias ``low_var_kl``) is, to ``[-10, 10]`` after clamping its log-ratio to ±20.
+- The policy log-ratio (token or sequence) is clamped to ±20 before ``exp``, verl's
+  bound for token ratios (its GSPO clamps the sequence log-ratio at 10). The built-in
+  trainer's loss had no clamp; the two differ only where a ratio exceeds e^20.
+- Positions outside the loss mask never reach the arithmetic (``torch.where``, not a
+  product), so padding may hold anything, even ``-inf`` log-probs.
 """
 
 from __future__ import annotations
