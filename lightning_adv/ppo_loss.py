@@ -38,8 +38,8 @@ Semantics follow verl's ``compute_policy_loss_vanilla``, ``agg_loss``, ``kl_pena
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Optional, Union
+from collections.abc import Callable
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -270,7 +270,8 @@ class PPOLoss(nn.Module):
         return result
 
     def _policy_loss(self, token_log_ratio: Tensor, advantages: Tensor, mask: Tensor,
-                     counts: TokenCounts, mean: Any) -> tuple[Tensor, dict[str, Tensor]]:
+                     counts: TokenCounts, mean: Callable[[Tensor], Tensor]
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-token clipped surrogate loss and its diagnostics."""
         if self.ratio_level == "sequence":
             log_ratio = token_log_ratio.sum(1, keepdim=True) / counts.row_tokens.clamp(min=1.0)[:, None]
