@@ -13,6 +13,8 @@ from lightning_adv.lambdas import (
 from lightning_adv.meta import BatchMeta, RolloutGroup, TrajBatchMeta, concat_batch, split_batch
 from lightning_adv.module import AdvantageModule
 from lightning_adv.rewards import DroppedOutcomeRewardWarning
+from lightning_adv.ppo_loss import PPOLoss
+from lightning_adv.kl_control import AdaptiveKLController, FixedKLController, KLControllerConfig
 
 __all__ = [
     "ActorConfig", "NormConfig", "AdvantageConfig", "StageSpec", "PRMAdvantageShapingConfig",
@@ -22,7 +24,8 @@ __all__ = [
     "GAELambdaContext", "GAELambdaInputs", "compute_gae_lambda", "compute_token_gae",
     "compute_turn_gae", "constant_gae_lambda", "vapo_length_adaptive_gae",
     "relative_position_gae_lambda", "AdvantageContractError", "DroppedOutcomeRewardWarning",
-    "PPOModule",
+    "PPOModule", "PPOLoss", "FixedKLController", "AdaptiveKLController", "KLControllerConfig",
+    "AdvantageMetrics",
 ]
 
 
@@ -31,4 +34,8 @@ def __getattr__(name: str):
     if name == "PPOModule":
         from lightning_adv.trainer.ppo import PPOModule
         return PPOModule
+    if name == "AdvantageMetrics":
+        # torchmetrics is imported on first use only, like the trainer.
+        from lightning_adv.advantage_metrics import AdvantageMetrics
+        return AdvantageMetrics
     raise AttributeError(f"module 'lightning_adv' has no attribute {name!r}")
