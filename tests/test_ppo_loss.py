@@ -370,10 +370,11 @@ def test_a_bool_mask_and_a_float32_batch_work():
 # ---------------------------------------------------------------- the built-in trainer
 
 
-def test_token_mean_equals_the_builtin_trainers_loss_and_metrics():
-    """PPOModule.update's loss, gradients and logged loss metrics, minibatch by minibatch,
-    against PPOLoss(token-mean) and AdvantageMetrics on the same tensors."""
-    from lightning_adv import ActorConfig, AdvantageMetrics
+def test_the_builtin_trainer_keeps_its_loss_and_metrics():
+    """PPOModule.update (which uses PPOLoss and AdvantageMetrics) reproduces, minibatch by
+    minibatch, the loss, gradients and loss metrics of the trainer's earlier hand-written
+    clipped-surrogate loss, written out here as it was."""
+    from lightning_adv import ActorConfig
     from lightning_adv.trainer.data import generator
     from lightning_adv.trainer.policy import PolicyConfig, entropy, next_token_logprobs
     from lightning_adv.trainer.ppo import PPOConfig, PPOModule
@@ -405,41 +406,43 @@ def test_token_mean_equals_the_builtin_trainers_loss_and_metrics():
     order = torch.randperm(len(batch["rewards"]), generator=torch.Generator().set_state(
         minibatch_gen.get_state()))
     module.update(batch, out, minibatch_gen)
-    # the advantage metrics as PPOModule.log_step feeds them
-    mask = out["loss_mask"]
-    module.metrics.update("total_rewards", out["tot_rewards"], mask)
-    module.metrics.update("kl_rewards", out["kl_rewards"], mask)
-    module.metrics.update_advantages(out["advantages"], mask)
-    module.metrics.update_values(batch["values"], out["returns"], mask)
-    trainer_metrics = module.metrics.compute()
+    logged = module.adv_metrics.compute()
 
-    loss_fn = PPOLoss(clip_eps=ppo.clip_eps, loss_agg_mode="token-mean", entropy_coef=ppo.entropy_coef,
-                      value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps)
-    metrics = AdvantageMetrics()
-    metrics.update(out, meta)
     lengths = batch["attention_mask"].sum(1)
     assert len(module.recorded) == 2
-    for chunk, (want_loss, want_grads) in zip(order.tensor_split(2), module.recorded):
+    sums = {k: 0.0 for k in ("policy_loss", "entropy", "approx_kl", "clipfrac", "value_loss")}
+    tokens = 0.0
+    for chunk, (got_loss, got_grads) in zip(order.tensor_split(2), module.recorded):
         width = int(lengths[chunk].max())
         ids = batch["input_ids"][chunk, :width]
+        m = out["loss_mask"][chunk, :width]
         module.policy.zero_grad()
         logits, values = module.policy(ids)
-        cut = {k: out[k][chunk, :width] for k in ("logprobs", "advantages", "loss_mask", "returns")}
-        result = loss_fn(next_token_logprobs(logits, ids, ppo.temperature), cut["logprobs"],
-                         cut["advantages"], cut["loss_mask"], values=values,
-                         old_values=batch["values"][chunk, :width], returns=cut["returns"],
-                         entropy=entropy(logits, ppo.temperature))
-        result["loss"].backward()
-        assert torch.allclose(result["loss"], want_loss, rtol=1e-6, atol=1e-7)
-        for p, want in zip(module.policy.parameters(), want_grads):
-            assert torch.allclose(p.grad, want, rtol=1e-5, atol=1e-7)
-        metrics.update(loss=result)
-    ours = metrics.compute()
-    assert 0 < ours["train/clipfrac"] < 1 and ours["train/advantages_std"] > 0
-    shared = sorted(set(ours) & set(trainer_metrics))
-    assert len(shared) == 9, shared  # 5 loss diagnostics, 2 token means, advantages mean/std
-    for key in shared:
-        assert torch.allclose(ours[key], trainer_metrics[key], rtol=1e-5, atol=1e-7), key
+        log_ratio = (next_token_logprobs(logits, ids, ppo.temperature)
+                     - out["logprobs"][chunk, :width]) * m
+        ratio = log_ratio.exp()
+        adv = out["advantages"][chunk, :width]
+        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - ppo.clip_eps, 1 + ppo.clip_eps))
+        ent = entropy(logits, ppo.temperature)
+        ret, old_v = out["returns"][chunk, :width], batch["values"][chunk, :width]
+        clipped = old_v + (values - old_v).clamp(-ppo.value_clip_eps, ppo.value_clip_eps)
+        v_loss = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2)
+        n = m.sum()
+        want = ((pg * m).sum() - ppo.entropy_coef * (ent * m).sum()
+                + ppo.value_coef * (v_loss * m).sum()) / n
+        want.backward()
+        assert torch.allclose(got_loss, want.detach(), rtol=1e-6, atol=1e-7)
+        for p, got in zip(module.policy.parameters(), got_grads):
+            assert torch.allclose(got, p.grad, rtol=1e-5, atol=1e-7)
+        with torch.no_grad():
+            for name, x in (("policy_loss", pg), ("entropy", ent), ("value_loss", v_loss),
+                            ("approx_kl", (ratio - 1) - log_ratio),
+                            ("clipfrac", ((ratio - 1).abs() > ppo.clip_eps).float())):
+                sums[name] += float((x * m).sum())
+        tokens += float(n)
+    assert 0 < sums["clipfrac"] < tokens
+    for name, total in sums.items():
+        assert logged[f"train/{name}"].item() == pytest.approx(total / tokens, rel=1e-5, abs=1e-7), name
 
 
 # ---------------------------------------------------------------- DDP

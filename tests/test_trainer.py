@@ -11,7 +11,6 @@ import torch
 from lightning_adv import ActorConfig, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
-from lightning_adv.trainer.metrics import MaskedMoments
 from lightning_adv.trainer.policy import next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.tasks import (
@@ -212,17 +211,6 @@ def test_loader_position_counts_trained_steps():
 
 
 # ---------------------------------------------------------------------- metrics, module
-
-def test_masked_moments():
-    metric = MaskedMoments()
-    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, -7.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
-    metric.update(x[:1], mask[:1])
-    metric.update(x[1:], mask[1:])
-    mean, std = metric.compute()
-    assert mean.item() == pytest.approx(2.5)
-    assert std.item() == pytest.approx(torch.tensor([1.0, 2, 3, 4]).std(unbiased=False).item())
-
 
 def test_reference_policy_only_with_kl_and_critic_only_with_value_head():
     with_kl = make_module(actor=ActorConfig(kl_ctl=0.1))

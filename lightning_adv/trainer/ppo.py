@@ -38,6 +38,9 @@ from lightning_adv.config import (
     PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
 from lightning_adv.distributed import report_failure
+from lightning_adv.advantage_metrics import AdvantageMetrics
+from lightning_adv.kl_control import KLControllerConfig
+from lightning_adv.ppo_loss import KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS, PPOLoss
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
 from lightning_adv.dotted_path import import_object, resolve_callable
@@ -66,7 +69,24 @@ class PPOConfig:
     minibatches: int = 4
     """minibatches per PPO epoch, one optimizer step each"""
     clip_eps: float = 0.2
-    """clip range of the probability ratio"""
+    """clip range of the probability ratio: [1 - clip_eps, 1 + clip_eps]"""
+    clip_eps_high: Optional[float] = None
+    """upper clip range, 1 + clip_eps_high (DAPO's clip-higher; null: clip_eps)"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO: c > 1 bounds the loss of negative-advantage tokens by -A * c (null: off)"""
+    loss_agg_mode: str = "token-mean"
+    """how per-token losses become one number (verl's agg_loss): token-mean,
+    seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm (Dr.GRPO)"""
+    loss_scale_factor: Optional[float] = None
+    """the constant divisor of seq-mean-token-sum-norm (null: the episode's token budget,
+    max_new_tokens x the task's turns)"""
+    ratio_level: str = "token"
+    """importance ratio per token (PPO) or per sequence (GSPO)"""
+    kl_loss_coef: float = 0.0
+    """weight of a KL-to-reference term in the loss (GRPO's beta); the reward-side KL
+    penalty is actor.kl_ctl. Either > 0 loads a frozen reference policy"""
+    kl_loss_estimator: str = "k3"
+    """estimator of the KL loss term: k1, k2, k3 (= low_var_kl) or abs"""
     value_clip_eps: Optional[float] = 0.2
     """clip range of value updates around the rollout values (null: unclipped value loss)"""
     lr: float = 1e-3
@@ -91,8 +111,18 @@ class PPOConfig:
             check_int("ppo.max_new_tokens", self.max_new_tokens)
         for name in ("temperature", "clip_eps", "lr"):
             check_number(f"ppo.{name}", getattr(self, name), positive=True)
-        for name in ("weight_decay", "value_coef", "entropy_coef"):
+        for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
             check_number(f"ppo.{name}", getattr(self, name), minimum=0.0)
+        check_choice("ppo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_choice("ppo.ratio_level", self.ratio_level, RATIO_LEVELS)
+        check_choice("ppo.kl_loss_estimator", self.kl_loss_estimator, KL_ESTIMATORS)
+        for name in ("clip_eps_high", "loss_scale_factor"):
+            if getattr(self, name) is not None:
+                check_number(f"ppo.{name}", getattr(self, name), positive=True)
+        if self.dual_clip is not None:
+            check_number("ppo.dual_clip", self.dual_clip, minimum=1.0)
+            if self.dual_clip == 1.0:
+                fail("ppo.dual_clip", "a number > 1 or null", self.dual_clip)
         check_bool("ppo.bootstrap_truncated", self.bootstrap_truncated)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
@@ -178,13 +208,16 @@ class PPOModule(pl.LightningModule):
         prm: process scorers and the call-time process shaping.
         advantage_module: dotted path of the ``AdvantageModule`` (sub)class to use.
         seed: seed of every random draw of a step (null: the run's ``seed_everything``).
+        kl_controller: drives the reward-side KL coefficient, starting at ``actor.kl_ctl``:
+            ``fixed`` or ``adaptive`` (Ziegler et al. 2019, with ``target`` and ``horizon``).
     """
 
     def __init__(self, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
                  ppo: PPOConfig = PPOConfig(), task: TaskConfig = TaskConfig(),
                  prm: PRMConfig = PRMConfig(),
                  advantage_module: str = "lightning_adv.AdvantageModule",
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None,
+                 kl_controller: KLControllerConfig = KLControllerConfig()):
         super().__init__()
         self.automatic_optimization = False
         self.actor_config = _as(ActorConfig, actor, "actor")
@@ -192,14 +225,16 @@ class PPOModule(pl.LightningModule):
         self.ppo_config = _as(PPOConfig, ppo, "ppo")
         self.task_config = _as(TaskConfig, task, "task")
         self.prm_config = _as(PRMConfig, prm, "prm")
-        check_trainer_options(self.actor_config, self.prm_config)
+        self.kl_controller_config = _as(KLControllerConfig, kl_controller, "kl_controller")
+        check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
         self.save_hyperparameters({
             "actor": dataclasses.asdict(self.actor_config),
             "policy": dataclasses.asdict(self.policy_config),
             "ppo": dataclasses.asdict(self.ppo_config),
             "task": dataclasses.asdict(self.task_config),
             "prm": dataclasses.asdict(self.prm_config),
-            "advantage_module": advantage_module, "seed": seed})
+            "advantage_module": advantage_module, "seed": seed,
+            "kl_controller": dataclasses.asdict(self.kl_controller_config)})
 
         self.runtime = TaskRuntime(self.task_config)
         self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
@@ -215,7 +250,7 @@ class PPOModule(pl.LightningModule):
                                             banned_tokens=(vocab.pad_id, vocab.bos_id))
         self.critic = self.policy_config.value_head
         self.ref_policy: Optional[CausalTransformer] = None
-        if self.actor_config.kl_ctl > 0:
+        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0:
             self.ref_policy = copy.deepcopy(self.policy)
             self.ref_policy.value_head = None
             self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
@@ -225,7 +260,10 @@ class PPOModule(pl.LightningModule):
                          float(s.weight), dict(s.kwargs))
                         for i, s in enumerate(self.prm_config.scorers)] if self.prm_config.enabled else []
         self.prm_shaping = self.prm_config.advantage_shaping if self.prm_config.enabled else None
+        self.kl_controller = self.kl_controller_config.build(self.actor_config.kl_ctl)
+        self.loss_fn = ppo_loss(self.ppo_config, self.max_new_tokens * self.runtime.task.max_turns)
         self.metrics = StepMetrics(critic=self.critic)
+        self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators"""
         self._loader: Optional[PromptLoader] = None
@@ -281,9 +319,11 @@ class PPOModule(pl.LightningModule):
             # in the advantage module's collectives; let them fail too.
             report_failure(self.device)
             raise
+        self._apply_kl_coef()
         out = self.advantage(rollout, meta, prm=self.prm_shaping)
         self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
-        self.log_step(rollout, out, groups)
+        self.log_step(rollout, out, meta, groups)
+        self._update_kl_controller(out)
         self.rollout_step += 1
         if self._loader is not None:
             self._loader.step_done(self.current_epoch)
@@ -325,64 +365,42 @@ class PPOModule(pl.LightningModule):
         return batch, meta
 
     def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
-        """PPO epochs x minibatches of clipped-surrogate updates (manual optimization)."""
+        """PPO epochs x minibatches of optimizer steps on :class:`~lightning_adv.PPOLoss`
+        (manual optimization); each minibatch is cut to its longest row."""
         cfg = self.ppo_config
         opt = self.optimizers()
         rows = batch["input_ids"].shape[0]
         lengths = batch["attention_mask"].sum(1)
-        mask, old_logp = out["loss_mask"], out["logprobs"]
-        advantages, returns = out["advantages"], out["returns"]
-        old_values = batch.get("values")
+        ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
         for _ in range(cfg.epochs):
             order = torch.randperm(rows, generator=gen).to(self.device)
             for chunk in order.tensor_split(cfg.minibatches):
                 width = int(lengths[chunk].max())
                 ids = batch["input_ids"][chunk, :width]
-                m = mask[chunk, :width]
                 logits, values = self.policy(ids)
-                new_logp = next_token_logprobs(logits, ids, cfg.temperature)
-                log_ratio = (new_logp - old_logp[chunk, :width]) * m
-                ratio = log_ratio.exp()
-                adv = advantages[chunk, :width]
-                pg = torch.maximum(-adv * ratio,
-                                   -adv * ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps))
-                ent = entropy(logits, cfg.temperature)
-                scale = self._token_scale(m)
-                loss = (pg * m).sum() * scale - cfg.entropy_coef * (ent * m).sum() * scale
+
+                def cut(x: Optional[Tensor]) -> Optional[Tensor]:
+                    return None if x is None else x[chunk, :width]
+
+                critic = {}
                 if self.critic:
-                    ret, old_v = returns[chunk, :width], old_values[chunk, :width]
-                    v_loss = (values - ret) ** 2
-                    if cfg.value_clip_eps is not None:
-                        clipped = old_v + (values - old_v).clamp(-cfg.value_clip_eps, cfg.value_clip_eps)
-                        v_loss = torch.maximum(v_loss, (clipped - ret) ** 2)
-                    v_loss = 0.5 * v_loss
-                    loss = loss + cfg.value_coef * (v_loss * m).sum() * scale
-                    self.metrics.update("value_loss", v_loss, m)
+                    critic = dict(values=values, old_values=cut(batch["values"]),
+                                  returns=cut(out["returns"]))
+                result = self.loss_fn(
+                    next_token_logprobs(logits, ids, cfg.temperature), cut(out["logprobs"]),
+                    cut(out["advantages"]), cut(out["loss_mask"]), ref_logprobs=cut(ref_logp),
+                    entropy=entropy(logits, cfg.temperature), **critic)
                 opt.zero_grad()
-                self.manual_backward(loss)
+                self.manual_backward(result["loss"])
                 if cfg.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=cfg.max_grad_norm,
                                         gradient_clip_algorithm="norm")
                 opt.step()
-                with torch.no_grad():
-                    self.metrics.update("policy_loss", pg, m)
-                    self.metrics.update("entropy", ent, m)
-                    self.metrics.update("approx_kl", (ratio - 1) - log_ratio, m)
-                    self.metrics.update("clipfrac", ((ratio - 1).abs() > cfg.clip_eps).float(), m)
-
-    def _token_scale(self, mask: Tensor) -> Tensor:
-        """1 / (tokens of this minibatch over all ranks), times the world size: DDP averages
-        gradients over ranks, so the loss becomes the global token mean."""
-        count = mask.sum().detach()
-        world = 1
-        if dist.is_available() and dist.is_initialized():
-            count = count.clone()
-            dist.all_reduce(count)
-            world = dist.get_world_size()
-        return world / count.clamp(min=1.0)
+                self.adv_metrics.update(loss=result)
 
     @torch.no_grad()
-    def log_step(self, batch: dict[str, Any], out: dict[str, Any], groups: list[list[Any]]) -> None:
+    def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,
+                 groups: list[list[Any]]) -> None:
         m = out["loss_mask"]
         metrics = self.metrics
         episodes = [ep for group in groups for ep in group]
@@ -390,21 +408,39 @@ class PPOModule(pl.LightningModule):
         metrics.update("response_length", batch["loss_mask"].sum(1).float())
         metrics.update("truncated", batch["is_truncated"].float())
         metrics.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
-        metrics.update("total_rewards", out["tot_rewards"], m)
-        metrics.update("kl_rewards", out["kl_rewards"], m)
-        if "token_rewards" in batch:
-            metrics.update("process_reward", batch["token_rewards"],
-                           batch["loss_mask"].float())
-        metrics.update_advantages(out["advantages"], m)
         if self.critic:
             metrics.update_values(batch["values"], out["returns"], m)
-        values = metrics.compute()
+        self.adv_metrics.update(out, meta)
+        values = {**metrics.compute(), **self.adv_metrics.compute()}
+        self.adv_metrics.reset()
+        values["train/kl_coef"] = torch.tensor(self.kl_controller.value)
         n = len(episodes)
         reward = values.pop("train/task_reward")
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
         self._log_histogram("train/advantages", out["advantages"][m > 0])
+
+    def _apply_kl_coef(self) -> None:
+        """The advantage module's reward-side KL coefficient follows the controller."""
+        coef = self.kl_controller.value
+        if coef != self.advantage.config.kl_ctl:
+            self.advantage.config = dataclasses.replace(self.advantage.config, kl_ctl=coef)
+
+    @torch.no_grad()
+    def _update_kl_controller(self, out: dict[str, Any]) -> None:
+        """Feed the controller the KL between the rollout and the reference policy: the mean
+        over episodes of each episode's summed k1 estimate (TRL's and Ziegler et al.'s
+        measure), global under DDP so every rank's controller moves alike."""
+        if self.kl_controller_config.type == "fixed" or out.get("ref_logp") is None:
+            return
+        mask = out["loss_mask"]
+        per_row = ((out["logprobs"] - out["ref_logp"]) * mask).sum(1)
+        totals = torch.stack([per_row.sum(), torch.tensor(float(len(per_row)), device=per_row.device)])
+        totals = totals.double()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(totals)
+        self.kl_controller.update(float(totals[0] / totals[1]), n_steps=int(totals[1]))
 
     def _log_histogram(self, tag: str, values: Tensor) -> None:
         logger = self.logger
@@ -439,8 +475,24 @@ def check_length_penalty(actor: ActorConfig, runtime: TaskRuntime, max_new_token
                          f"set it to {budget}, got {actor.max_new_tokens}")
 
 
-def check_trainer_options(actor: ActorConfig, prm: PRMConfig) -> None:
+def ppo_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
+    """The trainer's loss; Dr.GRPO's constant defaults to the episode's token budget."""
+    scale = ppo.loss_scale_factor
+    if scale is None and ppo.loss_agg_mode == "seq-mean-token-sum-norm":
+        scale = float(episode_budget)
+    return PPOLoss(clip_eps=ppo.clip_eps, clip_eps_high=ppo.clip_eps_high, dual_clip=ppo.dual_clip,
+                   loss_agg_mode=ppo.loss_agg_mode, kl_coef=ppo.kl_loss_coef,
+                   kl_estimator=ppo.kl_loss_estimator, entropy_coef=ppo.entropy_coef,
+                   value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps,
+                   ratio_level=ppo.ratio_level, loss_scale_factor=scale)
+
+
+def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
+                          kl_controller: KLControllerConfig = KLControllerConfig()) -> None:
     """Combinations the trainer cannot run, caught before training; errors name the key."""
+    if kl_controller.type == "adaptive" and actor.kl_ctl == 0:
+        raise ValueError("kl_controller.type: the adaptive controller scales actor.kl_ctl, which "
+                         "is 0 (it would stay 0); set actor.kl_ctl > 0 or use type 'fixed'")
     process = actor.advantage.process_adv_shaping
     if prm.enabled and not actor.advantage.is_replaced and (
             process is None or process.implementation == "auto"):
@@ -461,7 +513,8 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     ppo = _as(PPOConfig, values.get("ppo"), "ppo")
     task = _as(TaskConfig, values.get("task"), "task")
     prm = _as(PRMConfig, values.get("prm"), "prm")
-    check_trainer_options(actor, prm)
+    kl_controller = _as(KLControllerConfig, values.get("kl_controller"), "kl_controller")
+    check_trainer_options(actor, prm, kl_controller)
     runtime = TaskRuntime(task)
     max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
     check_length_penalty(actor, runtime, max_new_tokens)
