@@ -9,9 +9,10 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
 3. **advantages**: the configured ``AdvantageModule`` (``actor``) turns the batch into
    aligned advantages, returns, loss mask and old log-probs;
 4. **update**: ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps (manual
-   optimization) on the clipped policy loss, the value loss and the entropy bonus, each
-   a token mean over the aligned loss mask;
-5. **log**: torchmetrics means over active tokens, a histogram of advantages.
+   optimization) on :class:`~lightning_adv.PPOLoss` (clipped policy loss, value loss,
+   entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation);
+5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
+   histogram of advantages; the KL controller takes the step's KL.
 
 Every random draw of a step comes from generators seeded by (seed, step, rank) (the
 prompt order by (seed, epoch), the initial weights by the seed), so a
