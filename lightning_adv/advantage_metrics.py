@@ -6,7 +6,9 @@ results), it reports:
 
 - ``total_rewards``, ``kl_rewards``: token means of ``tot_rewards`` / ``kl_rewards``;
 - ``advantages_{mean,std,min,max}``, ``returns_{mean,std,min,max}`` over active tokens
-  (population std);
+  (population std); ``advantages`` are the final ones, what the loss uses;
+- ``unnormalized_advantages_{mean,std,min,max}``: the estimator's advantages before
+  ``adv_norm`` (the module returns them when ``adv_norm`` is set), on the same tokens;
 - ``zero_adv_group_frac``: the fraction of prompt groups (``meta.traj_group_sizes``)
   whose advantages are all zero (within ``zero_atol``) on their active tokens, i.e. that
   give no learning signal; a group without active tokens counts as zero. Needs ``meta``;
@@ -36,7 +38,7 @@ from lightning_adv.validators import check_number, fail
 from lightning_adv.meta import BatchMeta
 
 TOKEN_MEANS = {"total_rewards": "tot_rewards", "kl_rewards": "kl_rewards"}
-MOMENTS = ("advantages", "returns")
+MOMENTS = ("advantages", "returns", "unnormalized_advantages")
 LOSS_DIAGNOSTICS = ("policy_loss", "value_loss", "kl_loss", "entropy", "approx_kl", "clipfrac",
                     "dual_clipfrac")
 
@@ -77,7 +79,8 @@ class AdvantageMetrics(Metric):
                            dist_reduce_fx="min")
             self.add_state(f"{name}_max", torch.tensor(float("-inf"), dtype=torch.float64),
                            dist_reduce_fx="max")
-        for name in ("zero_groups", "groups", "process_sum", "process_tokens"):
+        for name in ("zero_groups", "groups", "process_sum", "process_tokens",
+                     "unnormalized_advantages_tokens"):
             self.add_state(name, zero(), dist_reduce_fx="sum")
         for name in LOSS_DIAGNOSTICS:
             self.add_state(f"loss_{name}_sum", zero(), dist_reduce_fx="sum")
@@ -105,7 +108,8 @@ class AdvantageMetrics(Metric):
                 fail(f"AdvantageMetrics out[{key!r}]", "a tensor (the AdvantageModule result)",
                      type(out.get(key)).__name__ if key in out else "missing key")
         mask = out["loss_mask"].detach().double()
-        for key in ("advantages", "returns", "tot_rewards", "kl_rewards"):
+        optional = tuple(k for k in ("unnormalized_advantages",) if isinstance(out.get(k), Tensor))
+        for key in ("advantages", "returns", "tot_rewards", "kl_rewards", *optional):
             if out[key].shape != mask.shape:
                 fail(f"AdvantageMetrics out[{key!r}]", f"shape {tuple(mask.shape)} (that of "
                      f"loss_mask)", tuple(out[key].shape))
@@ -116,7 +120,11 @@ class AdvantageMetrics(Metric):
         for name, key in TOKEN_MEANS.items():
             total = getattr(self, f"{name}_sum")
             total += (out[key].detach().double() * mask).sum()
+        if isinstance(out.get("unnormalized_advantages"), Tensor):
+            self.unnormalized_advantages_tokens += mask.sum()
         for name in MOMENTS:
+            if name not in out:
+                continue
             x = out[name].detach().double()
             getattr(self, f"{name}_sum").add_((x * mask).sum())
             getattr(self, f"{name}_squares").add_((x * x * mask).sum())
@@ -171,8 +179,12 @@ class AdvantageMetrics(Metric):
             for name in TOKEN_MEANS:
                 out[p + name] = getattr(self, f"{name}_sum") / self.tokens
             for name in MOMENTS:
-                mean = getattr(self, f"{name}_sum") / self.tokens
-                var = (getattr(self, f"{name}_squares") / self.tokens - mean * mean).clamp(min=0)
+                tokens = (self.unnormalized_advantages_tokens
+                          if name == "unnormalized_advantages" else self.tokens)
+                if tokens == 0:
+                    continue
+                mean = getattr(self, f"{name}_sum") / tokens
+                var = (getattr(self, f"{name}_squares") / tokens - mean * mean).clamp(min=0)
                 out[f"{p}{name}_mean"], out[f"{p}{name}_std"] = mean, var.sqrt()
                 out[f"{p}{name}_min"] = getattr(self, f"{name}_min").clone()
                 out[f"{p}{name}_max"] = getattr(self, f"{name}_max").clone()

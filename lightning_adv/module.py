@@ -37,7 +37,9 @@ class AdvantageModule(nn.Module):
     masked), ``rewards`` (outcome rewards after the length penalty and outcome shaping),
     ``tot_rewards``, ``kl_rewards``, ``is_truncated``, ``input_token_loss_mask`` (the
     unshifted mask), ``prox_logp`` (unless decoupled), ``ref_logp`` (masked, when given)
-    and ``mopd_behavior_logprobs`` (under MOPD). Input tensors are never modified; keys the
+    and ``mopd_behavior_logprobs`` (under MOPD); with ``adv_norm`` set, also
+    ``unnormalized_advantages`` (the estimator's advantages before advantage normalization,
+    for logging). Input tensors are never modified; keys the
     pipeline does not produce are passed through as the same tensor objects.
 
     Everything runs under ``torch.no_grad()``: advantages and returns are targets.
@@ -98,7 +100,10 @@ class AdvantageModule(nn.Module):
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
             advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)
-        return self._output(batch, aligned, advantages, temporal, outcome.rewards)
+        out = self._output(batch, aligned, advantages, temporal, outcome.rewards)
+        if self.config.adv_norm is not None:
+            out["unnormalized_advantages"] = temporal.advantages
+        return out
 
     # ------------------------------------------------------------------ stages
 

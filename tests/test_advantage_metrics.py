@@ -234,3 +234,31 @@ def test_split_updates_equal_one_update(seed, sizes, cut):
     assert set(parts) == set(whole)
     for key in whole:
         assert torch.allclose(parts[key], whole[key], rtol=1e-5, atol=1e-6), key
+
+
+def test_unnormalized_advantages_are_the_estimators_output_before_adv_norm():
+    """With adv_norm set, the module also returns the advantages before normalization;
+    their statistics equal those of the same pipeline run without adv_norm."""
+    from lightning_adv import ActorConfig, AdvantageModule, NormConfig
+
+    g = torch.Generator().manual_seed(5)
+    B, T = 6, 9
+    attention = torch.ones(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T, dtype=torch.long)
+    loss_mask[:, 3:] = 1
+    batch = {"input_ids": torch.zeros(B, T, dtype=torch.long), "attention_mask": attention,
+             "loss_mask": loss_mask, "logprobs": -torch.rand(B, T, generator=g) * loss_mask,
+             "rewards": torch.randn(B, generator=g), "values": torch.randn(B, T, generator=g)}
+    plain = AdvantageModule(ActorConfig(kl_ctl=0.0, gae_lambda=0.9))(batch)
+    normed = AdvantageModule(ActorConfig(kl_ctl=0.0, gae_lambda=0.9, adv_norm=NormConfig()))(batch)
+    assert "unnormalized_advantages" not in plain
+    assert torch.equal(normed["unnormalized_advantages"], plain["advantages"])
+    metrics = AdvantageMetrics(dist_sync_on_step=False)
+    metrics.update(normed)
+    got = metrics.compute()
+    active = plain["loss_mask"] > 0
+    raw = plain["advantages"][active].double()
+    assert got["train/unnormalized_advantages_mean"].item() == pytest.approx(raw.mean().item(), rel=1e-5)
+    assert got["train/unnormalized_advantages_std"].item() == pytest.approx(raw.std(unbiased=False).item(), rel=1e-5)
+    assert got["train/unnormalized_advantages_max"].item() == pytest.approx(raw.max().item(), rel=1e-6)
+    assert abs(got["train/advantages_mean"].item()) < 1e-5  # the normalized ones

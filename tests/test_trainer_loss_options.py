@@ -132,3 +132,15 @@ def test_dr_grpo_config_is_the_recipe_with_its_loss():
     assert ActorConfig(**shipped["model"]["actor"]) == recipe("dr_grpo")
     assert shipped["model"]["ppo"]["loss_agg_mode"] == "seq-mean-token-sum-norm"
     assert shipped["model"]["policy"]["value_head"] is False
+
+
+def test_rlhf_reward_adds_kl_and_process_rewards_to_the_task_reward():
+    from lightning_adv.trainer.metrics import rlhf_rewards
+
+    out = {"kl_rewards": torch.tensor([[0.0, -0.1, -0.2, 0.0], [0.0, 0.05, 0.0, 0.0]]),
+           "token_rewards": torch.tensor([[0.0, 0.5, 1.0, 9.0], [7.0, 0.25, 0.0, 0.0]]),
+           "input_token_loss_mask": torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]])}
+    got = rlhf_rewards(torch.tensor([1.0, 0.0]), out)
+    assert torch.allclose(got, torch.tensor([1.0 - 0.3 + 1.5, 0.05 + 0.25]))
+    del out["token_rewards"]
+    assert torch.allclose(rlhf_rewards(torch.tensor([1.0, 0.0]), out), torch.tensor([0.7, 0.05]))

@@ -13,7 +13,8 @@ tensors to log.
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -22,10 +23,23 @@ from torchmetrics import ExplainedVariance, MeanMetric
 #: metric name (logged as ``train/<name>``) -> what it averages over episodes
 ROW_MEANS = {
     "task_reward": "task (outcome) reward per episode, as the task function returned it",
+    "rlhf_reward": "per episode: task reward + its summed KL penalty + its summed process "
+                   "rewards, before any normalization (TRL's objective/rlhf_reward)",
     "response_length": "generated tokens per episode (all turns)",
     "truncated": "fraction of episodes whose last turn hit the token limit",
     "turns": "policy turns per episode",
 }
+
+
+def rlhf_rewards(task_rewards: Tensor, out: Mapping[str, Any]) -> Tensor:
+    """What the policy is optimizing, per episode, before any normalization: the raw task
+    reward plus the episode's summed KL penalty (``kl_rewards``, zero off the generated
+    tokens) and its summed direct process rewards (``token_rewards`` on generated tokens)."""
+    total = task_rewards.double() + out["kl_rewards"].double().sum(1)
+    if "token_rewards" in out:
+        total = total + (out["token_rewards"].double()
+                         * out["input_token_loss_mask"].double()).sum(1)
+    return total.float()
 
 
 class StepMetrics(nn.Module):

@@ -47,7 +47,7 @@ from lightning_adv.module import AdvantageModule
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
-from lightning_adv.trainer.metrics import StepMetrics
+from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
@@ -405,7 +405,9 @@ class PPOModule(pl.LightningModule):
         m = out["loss_mask"]
         metrics = self.metrics
         episodes = [ep for group in groups for ep in group]
-        metrics.update("task_reward", torch.tensor([ep.reward for ep in episodes]))
+        task_rewards = torch.tensor([ep.reward for ep in episodes], device=m.device)
+        metrics.update("task_reward", task_rewards)
+        metrics.update("rlhf_reward", rlhf_rewards(task_rewards, out))
         metrics.update("response_length", batch["loss_mask"].sum(1).float())
         metrics.update("truncated", batch["is_truncated"].float())
         metrics.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
