@@ -6,7 +6,7 @@ when built, so a bad YAML fails before any worker starts. Field names follow ARe
 in the YAML tree (``actor.advantage.estimator``) and the value that was given.
 
 Nested configs may be given as plain mappings (``reward_norm={"mean_level": "group"}``);
-``__post_init__`` converts them once, with :func:`_nested`, before validating. A nested
+``__post_init__`` converts them once, with :func:`nested_config`, before validating. A nested
 config validates itself under its own name (``NormConfig.eps``); when its parent built
 it from a mapping, the error is re-keyed at that boundary (``actor.reward_norm.eps``).
 """
@@ -50,11 +50,12 @@ def check_json_kwargs(key: str, kwargs: Any) -> None:
                          f"objects do not survive saving the config), got {dict(kwargs)!r}")
 
 
-def _nested(cls: type, key: str, value: Any, shorthand: Optional[str] = None) -> Any:
+def nested_config(cls: type, key: str, value: Any, shorthand: Optional[str] = None) -> Any:
     """The one conversion of a nested config: a mapping (or a ``shorthand`` string, the
     value of field ``shorthand``) becomes a ``cls`` instance; anything else is returned
     as is for the caller's type check. Errors of the nested config name ``key`` (its
-    place in the tree) instead of the class's own name."""
+    place in the tree) instead of the class's own name (``cls.KEY``, where it has one).
+    Every config of the package, the trainer's too, converts its nested fields with it."""
     if shorthand is not None and isinstance(value, str):
         value = {shorthand: value}
     if not isinstance(value, Mapping):
@@ -66,6 +67,8 @@ def _nested(cls: type, key: str, value: Any, shorthand: Optional[str] = None) ->
     try:
         return cls(**value)
     except ValueError as exc:
+        if not hasattr(cls, "KEY"):
+            raise
         # Re-key at the boundary: every key the nested config named (``advantage.x``)
         # gets its place in the tree (``actor.advantage.x``).
         own = re.compile(rf"(?<![\w.]){re.escape(cls.KEY)}(?=[.:])")
@@ -83,7 +86,7 @@ def _own_kwargs(kwargs: Any) -> Any:
     return dict(kwargs) if isinstance(kwargs, Mapping) else kwargs
 
 
-def _convert(obj: Any, name: str, value: Any) -> None:
+def convert_field(obj: Any, name: str, value: Any) -> None:
     """Store a converted field value; called only from ``__post_init__``, before
     ``validate``, so a config never changes after it was checked."""
     object.__setattr__(obj, name, value)
@@ -134,7 +137,7 @@ class StageSpec:
     """how errors name this config when it is built on its own (its parent re-keys them)"""
 
     def __post_init__(self) -> None:
-        _convert(self, "kwargs", _own_kwargs(self.kwargs))
+        convert_field(self, "kwargs", _own_kwargs(self.kwargs))
         self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
@@ -164,10 +167,10 @@ class AdvantageConfig:
     """how errors name this config when it is built on its own (its parent re-keys them)"""
 
     def __post_init__(self) -> None:
-        compute = _nested(StageSpec, f"{self.KEY}.compute", self.compute, "implementation")
-        _convert(self, "compute", StageSpec("default") if compute is None else compute)
+        compute = nested_config(StageSpec, f"{self.KEY}.compute", self.compute, "implementation")
+        convert_field(self, "compute", StageSpec("default") if compute is None else compute)
         for name in STAGE_FIELDS:
-            _convert(self, name, _nested(StageSpec, f"{self.KEY}.{name}", getattr(self, name),
+            convert_field(self, name, nested_config(StageSpec, f"{self.KEY}.{name}", getattr(self, name),
                                          "implementation"))
         self.validate(self.KEY)
 
@@ -267,10 +270,10 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         for name in ("reward_norm", "adv_norm"):
-            _convert(self, name, _nested(NormConfig, f"{self.KEY}.{name}", getattr(self, name)))
-        advantage = _nested(AdvantageConfig, f"{self.KEY}.advantage", self.advantage)
-        _convert(self, "advantage", AdvantageConfig() if advantage is None else advantage)
-        _convert(self, "gae_lambda_kwargs", _own_kwargs(self.gae_lambda_kwargs))
+            convert_field(self, name, nested_config(NormConfig, f"{self.KEY}.{name}", getattr(self, name)))
+        advantage = nested_config(AdvantageConfig, f"{self.KEY}.advantage", self.advantage)
+        convert_field(self, "advantage", AdvantageConfig() if advantage is None else advantage)
+        convert_field(self, "gae_lambda_kwargs", _own_kwargs(self.gae_lambda_kwargs))
         self.validate(self.KEY)
 
     def validate(self, key: str) -> None:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
 from lightning_adv.config import (
-    PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
+    PRM_MODES, ActorConfig, convert_field, nested_config, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
 from lightning_adv.distributed import report_failure
 from lightning_adv.advantage_metrics import AdvantageMetrics
@@ -155,12 +155,12 @@ class PRMConfig:
 
     def __post_init__(self) -> None:
         check_bool("prm.enabled", self.enabled)
-        shaping = self.advantage_shaping
-        if isinstance(shaping, Mapping):
-            shaping = PRMAdvantageShapingConfig(**shaping)
-            object.__setattr__(self, "advantage_shaping", shaping)
-        scorers = [ScorerSpec(**s) if isinstance(s, Mapping) else s for s in self.scorers]
-        object.__setattr__(self, "scorers", scorers)
+        shaping = nested_config(PRMAdvantageShapingConfig, "prm.advantage_shaping",
+                                self.advantage_shaping)
+        convert_field(self, "advantage_shaping", shaping)
+        scorers = [nested_config(ScorerSpec, f"prm.scorers[{i}]", s)
+                   for i, s in enumerate(self.scorers)]
+        convert_field(self, "scorers", scorers)
         for i, spec in enumerate(scorers):
             key = f"prm.scorers[{i}]"
             if not (isinstance(spec.path, str) and is_dotted_path(spec.path)):
@@ -178,14 +178,9 @@ def _as(cls: type, value: Any, key: str) -> Any:
     """A config dataclass from itself or a mapping (hparams of a checkpoint are mappings)."""
     if value is None:
         return cls()
+    value = nested_config(cls, key, value)
     if isinstance(value, cls):
         return value
-    if isinstance(value, Mapping):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - names)
-        if unknown:
-            raise ValueError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
-        return cls(**value)
     raise TypeError(f"{key}: expected a {cls.__name__} or a mapping, got {type(value).__name__}")
 
 
