@@ -62,13 +62,43 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: Optional[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = None
+                ) -> Tensor:
+        """``cache``: (keys, values, rows, positions, allowed) of :class:`KVCache`; the new
+        keys and values are written into it and the queries attend to the cached ones."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                              v.transpose(1, 2), is_causal=True)
+        if cache is None:
+            attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), is_causal=True)
+        else:
+            keys, values, rows, positions, allowed = cache  # keys: [B, W, H, dh]
+            keys[rows[:, None], positions] = k
+            values[rows[:, None], positions] = v
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys[rows].transpose(1, 2), values[rows].transpose(1, 2),
+                attn_mask=allowed)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
+
+
+class KVCache:
+    """Keys and values of every position read so far, per layer, for a fixed set of rows.
+
+    Rows advance at their own pace (prompts differ in length; an environment reply adds
+    several tokens at once): each call feeds every active row the tokens it has not read
+    yet, right-padded to the longest such run. Padded entries write to a spare last slot
+    that no real query ever attends to, so they never disturb the cache.
+    """
+
+    def __init__(self, policy: "CausalTransformer", batch_size: int, width: int):
+        block = policy.blocks[0]
+        shape = (batch_size, width + 1, block.n_heads, policy.config.d_model // block.n_heads)
+        device = policy.tok.weight.device
+        self.layers = [(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+                       for _ in policy.blocks]
+        self.width = width
+        self.filled = torch.zeros(batch_size, dtype=torch.long, device=device)
 
 
 class CausalTransformer(nn.Module):
@@ -121,6 +151,38 @@ class CausalTransformer(nn.Module):
         x = self.tok(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
         for block in self.blocks:
             x = block(x)
+        return self._heads(x)
+
+    def forward_cached(self, buffer: Tensor, rows: Tensor, lengths: Tensor,
+                       cache: KVCache) -> tuple[Tensor, Optional[Tensor], Tensor]:
+        """Incremental decoding: read, for each of ``rows``, the tokens of ``buffer`` (the
+        ``[B, W]`` token rows) from the cache's fill mark up to ``lengths`` (exclusive).
+
+        Returns (logits ``[R, n, V]``, values ``[R, n]`` or None, positions ``[R, n]``)
+        for the ``n`` newly read positions (``n`` = the most any row read; a row's entries
+        past its own new tokens are padding, at position ``cache.width``); logits and
+        values at real positions equal those of :meth:`forward` over the whole prefix.
+        """
+        start = cache.filled[rows]
+        count = lengths - start
+        n = int(count.max())
+        offsets = torch.arange(n, device=buffer.device)
+        positions = start[:, None] + offsets
+        real = offsets[None, :] < count[:, None]
+        positions = torch.where(real, positions, cache.width)
+        ids = buffer[rows[:, None], positions.clamp(max=cache.width - 1)]
+        x = self.tok(ids) + self.pos(positions.clamp(max=self.max_seq_len - 1))
+        key_slots = torch.arange(cache.width + 1, device=buffer.device)
+        # A query sees the cached keys up to its own position; the spare slot stays unseen
+        # by real queries (padded queries see everything, and are discarded).
+        allowed = (key_slots[None, None, :] <= positions[:, :, None])[:, None]
+        for block, (keys, values) in zip(self.blocks, cache.layers):
+            x = block(x, (keys, values, rows, positions, allowed))
+        cache.filled[rows] = lengths
+        logits, values = self._heads(x)
+        return logits, values, positions
+
+    def _heads(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         x = self.ln_f(x)
         values = self.value_head(x).squeeze(-1) if self.value_head is not None else None
         return self.lm_head(x) + self.logit_bias, values

@@ -41,6 +41,9 @@ class Episode:
     reward: float = 0.0
     token_rewards: Optional[list[float]] = None
     sample: Optional[Sample] = None
+    values: Optional[list[float]] = None
+    """the critic's value after reading token i (next-token convention), when the sampler
+    computed them (KV-cache decoding with a value head)"""
 
     @property
     def truncated(self) -> bool:
@@ -50,8 +53,14 @@ class Episode:
 @torch.no_grad()
 def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
              n_samples: int, max_new_tokens: int, temperature: float,
-             gen: torch.Generator) -> list[list[Episode]]:
-    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt."""
+             gen: torch.Generator, kv_cache: bool = True) -> list[list[Episode]]:
+    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
+
+    With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
+    decoding); without it, each step re-reads every row's whole prefix. Both sample the
+    same tokens from the same generator; with a value head, the cached path also keeps the
+    critic's values of every token, so scoring needs no second forward pass.
+    """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
     episodes: list[Episode] = []
@@ -61,19 +70,22 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
                                     [0.0] * len(prompt), [-1] * len(prompt), []))
     width = task.max_episode_len(max_new_tokens)
-    buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long)
+    buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
     for row, ep in enumerate(episodes):
         buffer[row, : len(ep.tokens)] = torch.tensor(ep.tokens)
+    reader = _CachedReader(policy, len(episodes), width) if kv_cache else None
     turn_tokens: list[list[int]] = [[] for _ in episodes]
 
     while True:
         rows = [i for i, ep in enumerate(episodes) if not ep.done]
         if not rows:
             break
-        lengths = torch.tensor([len(episodes[i].tokens) for i in rows])
-        ids = buffer[rows, : int(lengths.max())].to(device)
-        logits, _ = policy(ids)
-        last = logits[torch.arange(len(rows), device=device), lengths.to(device) - 1].float()
+        lengths = torch.tensor([len(episodes[i].tokens) for i in rows], device=device)
+        if reader is None:
+            logits, _ = policy(buffer[rows, : int(lengths.max())])
+            last = logits[torch.arange(len(rows), device=device), lengths - 1].float()
+        else:
+            last = reader.read(buffer, torch.tensor(rows, device=device), lengths)
         logp = finite_or_raise(torch.log_softmax(last / temperature, dim=-1), "policy logits").cpu()
         picked = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1)
@@ -90,8 +102,41 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             _end_turn(ep, turn_tokens[row], runtime, buffer[row])
             turn_tokens[row] = []
 
+    if reader is not None and reader.values is not None:
+        reader.finish(buffer, episodes)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
+
+
+class _CachedReader:
+    """Incremental decoding for :func:`generate`: the policy's KV cache and, with a value
+    head, the values of every token read."""
+
+    def __init__(self, policy: torch.nn.Module, rows: int, width: int):
+        from lightning_adv.trainer.policy import KVCache
+
+        self.policy = policy
+        self.cache = KVCache(policy, rows, width)
+        self.values = (torch.zeros(rows, width + 1, device=self.cache.filled.device)
+                       if policy.value_head is not None else None)
+
+    def read(self, buffer: Tensor, rows: Tensor, lengths: Tensor) -> Tensor:
+        """The next-token logits after each row's last token, ``[R, V]``."""
+        logits, values, positions = self.policy.forward_cached(buffer, rows, lengths, self.cache)
+        if self.values is not None:
+            self.values[rows[:, None], positions] = values.float()
+        last = (positions < self.cache.width).sum(1) - 1  # each row's last real new token
+        return logits[torch.arange(len(rows), device=rows.device), last].float()
+
+    def finish(self, buffer: Tensor, episodes: list[Episode]) -> None:
+        """Read the tokens sampled last (never fed back) for their values, then store every
+        episode's values."""
+        lengths = torch.tensor([len(ep.tokens) for ep in episodes], device=buffer.device)
+        rows = (lengths > self.cache.filled).nonzero().flatten()
+        if len(rows):
+            self.read(buffer, rows, lengths[rows])
+        for row, ep in enumerate(episodes):
+            ep.values = self.values[row, : len(ep.tokens)].tolist()
 
 
 def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor) -> None:
@@ -192,6 +237,8 @@ def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
         if process_rewards:
             traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
                                         torch.float32, 0.0)
+        if all(ep.values is not None for ep in group):
+            traj["values"] = pad([ep.values for ep in group], torch.float32, 0.0)
         trajs.append(traj)
     batch, meta = concat_batch(trajs)
     if multi_turn:

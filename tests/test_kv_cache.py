@@ -1,0 +1,89 @@
+"""The built-in policy's KV cache: incremental decoding equals re-reading the prefix."""
+
+import pytest
+import torch
+
+from lightning_adv.trainer import PolicyConfig, TaskConfig
+from lightning_adv.trainer.policy import CausalTransformer, KVCache, next_token_logprobs
+from lightning_adv.trainer.sampling import build_batch, generate
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.data import generator
+
+
+def trained_looking_policy(value_head=True, vocab=11, width=24):
+    torch.manual_seed(0)
+    policy = CausalTransformer(PolicyConfig(d_model=32, n_layers=2, n_heads=4,
+                                            value_head=value_head), vocab, width)
+    with torch.no_grad():  # the LM and value heads start at zero; make them matter
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn(p.shape))
+    return policy.eval()
+
+
+def test_forward_cached_matches_a_full_forward_pass_for_ragged_reads():
+    policy = trained_looking_policy()
+    g = torch.Generator().manual_seed(1)
+    buffer = torch.randint(0, 11, (3, 20), generator=g)
+    full_logits, full_values = policy(buffer)
+    cache = KVCache(policy, 3, 20)
+    # rows advance unevenly: prompts of 4/7/1 tokens, then 1-token steps, then a 5-token
+    # "environment reply" for row 1 only, then the rest
+    schedule = [torch.tensor([4, 7, 1]), torch.tensor([5, 8, 2]), torch.tensor([6, 13, 3]),
+                torch.tensor([20, 20, 20])]
+    rows = torch.arange(3)
+    for lengths in schedule:
+        start = cache.filled.clone()
+        logits, values, positions = policy.forward_cached(buffer, rows, lengths, cache)
+        for r in range(3):
+            for i, pos in enumerate(positions[r].tolist()):
+                if pos < 20:
+                    assert start[r] <= pos < lengths[r]
+                    assert torch.allclose(logits[r, i], full_logits[r, pos], atol=1e-5)
+                    assert torch.allclose(values[r, i], full_values[r, pos], atol=1e-5)
+        real = (positions < 20).sum(1)
+        assert torch.equal(real, lengths - start)
+    # a subset of rows can be read while the others wait
+    cache = KVCache(policy, 3, 20)
+    policy.forward_cached(buffer, torch.tensor([0, 2]), torch.tensor([9, 9]), cache)
+    assert cache.filled.tolist() == [9, 0, 9]
+    logits, _, _ = policy.forward_cached(buffer, torch.tensor([2]), torch.tensor([10]), cache)
+    assert torch.allclose(logits[0, 0], full_logits[2, 9], atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["reverse", "guess"])
+def test_cached_sampling_draws_the_same_episodes(task):
+    runtime = TaskRuntime(TaskConfig(name=task))
+    width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
+    policy = trained_looking_policy(vocab=len(runtime.vocab), width=width)
+    kwargs = dict(indices=[0, 5, 9], n_samples=3, max_new_tokens=runtime.task.max_new_tokens,
+                  temperature=1.0)
+    plain = generate(policy, runtime, gen=generator(0, "t"), kv_cache=False, **kwargs)
+    cached = generate(policy, runtime, gen=generator(0, "t"), kv_cache=True, **kwargs)
+    eps_plain = [ep for g in plain for ep in g]
+    eps_cached = [ep for g in cached for ep in g]
+    assert any(not ep.truncated for ep in eps_plain)
+    for a, b in zip(eps_plain, eps_cached):
+        assert a.tokens == b.tokens and a.generated == b.generated
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.values is None and len(b.values) == len(b.tokens)
+    # the sampler's values are the critic's values of a full forward pass
+    batch, _ = build_batch(cached, multi_turn=task == "guess", process_rewards=False)
+    _, values = policy(batch["input_ids"])
+    real = batch["attention_mask"]
+    assert torch.allclose(batch["values"][real], values[real], atol=1e-5)
+    # and the behaviour log-probs those of a full forward pass
+    logp = next_token_logprobs(policy(batch["input_ids"])[0], batch["input_ids"])
+    shifted = torch.nn.functional.pad(logp[:, :-1], (1, 0))
+    gen_mask = batch["loss_mask"].bool()
+    assert torch.allclose(batch["logprobs"][gen_mask], shifted[gen_mask], atol=1e-5)
+
+
+def test_no_values_without_a_value_head():
+    runtime = TaskRuntime(TaskConfig(name="reverse"))
+    width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
+    policy = trained_looking_policy(value_head=False, vocab=len(runtime.vocab), width=width)
+    groups = generate(policy, runtime, [0], 2, runtime.task.max_new_tokens, 1.0,
+                      generator(0, "t"), kv_cache=True)
+    assert all(ep.values is None for ep in groups[0])
+    batch, _ = build_batch(groups, multi_turn=False, process_rewards=False)
+    assert "values" not in batch
