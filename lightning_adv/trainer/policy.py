@@ -75,9 +75,12 @@ class Block(nn.Module):
             keys, values, rows, positions, allowed = cache  # keys: [B, W, H, dh]
             keys[rows[:, None], positions] = k
             values[rows[:, None], positions] = v
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys[rows].transpose(1, 2), values[rows].transpose(1, 2),
-                attn_mask=allowed)
+            if len(rows) < len(keys):  # a subset: gather its rows (a copy)
+                keys, values = keys[rows], values[rows]
+            # Written out: with a mask, SDPA's CPU path is several times slower here.
+            scores = q.transpose(1, 2) @ keys.permute(0, 2, 3, 1) / math.sqrt(q.shape[-1])
+            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            attn = weights @ values.transpose(1, 2)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
@@ -165,7 +168,7 @@ class CausalTransformer(nn.Module):
         """
         start = cache.filled[rows]
         count = lengths - start
-        n = int(count.max())
+        n = max(int(count.max()), 1)
         offsets = torch.arange(n, device=buffer.device)
         positions = start[:, None] + offsets
         real = offsets[None, :] < count[:, None]

@@ -85,17 +85,18 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             logits, _ = policy(buffer[rows, : int(lengths.max())])
             last = logits[torch.arange(len(rows), device=device), lengths - 1].float()
         else:
-            last = reader.read(buffer, torch.tensor(rows, device=device), lengths)
+            last = reader.read_active(buffer, rows, lengths)
         logp = finite_or_raise(torch.log_softmax(last / temperature, dim=-1), "policy logits").cpu()
         picked = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-        picked_logp = logp.gather(1, picked[:, None]).squeeze(1)
+        picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
+        picked_ids = picked.tolist()
+        buffer[rows, lengths] = picked.to(device)
         for j, row in enumerate(rows):
-            ep, token = episodes[row], int(picked[j])
+            ep, token = episodes[row], picked_ids[j]
             ep.tokens.append(token)
             ep.generated.append(True)
-            ep.logprobs.append(float(picked_logp[j]))
+            ep.logprobs.append(picked_logp[j])
             ep.turn_ids.append(len(ep.turns))
-            buffer[row, len(ep.tokens) - 1] = token
             turn_tokens[row].append(token)
             if token != vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
                 continue
@@ -120,12 +121,20 @@ class _CachedReader:
         self.values = (torch.zeros(rows, width + 1, device=self.cache.filled.device)
                        if policy.value_head is not None else None)
 
+    def read_active(self, buffer: Tensor, rows: list[int], lengths: Tensor) -> Tensor:
+        """:meth:`read` for the unfinished ``rows``. Every row is fed (finished ones read
+        nothing, a padded query): the cache is then used in place, not gathered."""
+        everyone = self.cache.filled.clone()
+        active = torch.tensor(rows, device=buffer.device)
+        everyone[active] = lengths
+        return self.read(buffer, torch.arange(len(everyone), device=buffer.device), everyone)[active]
+
     def read(self, buffer: Tensor, rows: Tensor, lengths: Tensor) -> Tensor:
         """The next-token logits after each row's last token, ``[R, V]``."""
         logits, values, positions = self.policy.forward_cached(buffer, rows, lengths, self.cache)
         if self.values is not None:
             self.values[rows[:, None], positions] = values.float()
-        last = (positions < self.cache.width).sum(1) - 1  # each row's last real new token
+        last = ((positions < self.cache.width).sum(1) - 1).clamp(min=0)  # last real new token
         return logits[torch.arange(len(rows), device=rows.device), last].float()
 
     def finish(self, buffer: Tensor, episodes: list[Episode]) -> None:

@@ -364,6 +364,7 @@ class TaskRuntime:
         self.task = build_task(config)
         vocab = self.task.vocab
         self.vocab = vocab
+        self._instances: dict[int, tuple[Any, list[int]]] = {}
         if config.reward is not None:
             fn = resolve_callable(config.reward, config.reward_kwargs, "task.reward")
             self.reward_where = f"task.reward {config.reward!r}"
@@ -373,7 +374,16 @@ class TaskRuntime:
             self._reward = self.task.reward
 
     def instance(self, index: int) -> tuple[Any, list[int]]:
-        """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first)."""
+        """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first).
+
+        Made once per index and kept (seeding a string-seeded ``random.Random`` costs about
+        a millisecond): tasks must treat their instances as read-only."""
+        if index not in self._instances:
+            self._instances[index] = self._make_instance(index)
+        instance, tokens = self._instances[index]
+        return instance, list(tokens)
+
+    def _make_instance(self, index: int) -> tuple[Any, list[int]]:
         rng = random.Random(f"{self.config.seed}:{index}")
         instance = self.task.make_instance(rng)
         text = self.task.prompt(instance)
