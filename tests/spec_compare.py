@@ -22,7 +22,7 @@ import torch
 
 from tests.spec_pipeline import shape_one
 
-FLOAT_KEYS = ("advantages", "returns", "tot_rewards", "kl_rewards", "loss_mask", "logprobs",
+FLOAT_KEYS = ("advantages", "unnormalized_advantages", "returns", "tot_rewards", "kl_rewards", "loss_mask", "logprobs",
               "prox_logp", "ref_logp", "mopd_behavior_logprobs")
 RTOL = 1e-5
 

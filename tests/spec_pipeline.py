@@ -583,6 +583,9 @@ def spec_pipeline_advantages(batch: dict, meta: Optional[BatchMeta] = None,
     for key, value in batch.items():
         out.setdefault(key, value.clone() if isinstance(value, torch.Tensor) else value)
     out["advantages"] = tensor_f32(advantages)
+    if adv_norm is not None:
+        # not in the spec's output list: the module's extra for logging (see module.py)
+        out["unnormalized_advantages"] = tensor_f32(details["adv_raw"])
     out["returns"] = tensor_f32(returns)
     out["tot_rewards"] = tensor_f32(total_rewards)
     out["kl_rewards"] = tensor_f32(kl)
