@@ -4,20 +4,40 @@ jsonargparse checks types (and ``Literal`` choices) while parsing; before anythi
 instantiated, :meth:`LightningAdvCLI.before_instantiate_classes` builds the model's
 config dataclasses, the task, the process scorers and the ``AdvantageModule`` (which
 resolves every stage path), so a wrong stage name, a bad kwarg or an unimportable path
-is a usage error (exit 2) that names the key, before any model or logger exists.
+is a usage error (exit 2) that names the key, before any model or logger exists. A usage
+error prints ``error: <what>`` first, then one line pointing at ``--help`` (which shows
+every field's description), not the whole usage.
+
+Run hygiene (README "Training"): a resumed run is configured by its command line, never
+by the checkpoint's stored settings (:mod:`lightning_adv.trainer.resume`), and continues
+in the checkpoint's run directory; the resolved config is saved there without
+overwriting anything; Ctrl-C saves a checkpoint and prints the resume command; ``fit``
+ends with a short summary.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 import sys
 import warnings
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, NoReturn, Optional
 
+import jsonargparse
 import torch
-from lightning.pytorch.cli import ArgsType, LightningCLI, LightningArgumentParser
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
+from lightning_adv.trainer.callbacks import (
+    InterruptCheckpoint, RunReport, SaveRunConfig, fit_summary, next_version_dir, resume_command)
 from lightning_adv.trainer.ppo import PPOModule, validate_model_config
+from lightning_adv.trainer.resume import (
+    CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
 from lightning_adv.trainer.tasks import TaskError
+
+#: training steps of a run that sets none (the shipped configs' length); an epoch of the
+#: default prompt pool would be 3125 steps
+DEFAULT_TRAINING_STEPS = 300
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -26,11 +46,80 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     },
     "log_every_n_steps": 1,
     "max_epochs": 1,
+    "limit_train_batches": DEFAULT_TRAINING_STEPS,
+    "num_sanity_val_steps": 0,
 }
+
+#: trainer keys that count batches (training steps) when integral, fractions of an epoch below 1
+STEP_COUNT_KEYS = ("limit_train_batches", "limit_val_batches", "limit_test_batches",
+                   "limit_predict_batches", "val_check_interval")
+
+#: where a run without a logger keeps its config and checkpoints (a fresh version each run)
+UNLOGGED_RUNS = Path("runs") / "no_logger"
+
+#: Lightning's special ``ckpt_path`` values (not files)
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+
+STAGE_FLAG = re.compile(r"--model\.actor\.advantage\.(compute|outcome_reward_shaping|estimator|"
+                        r"process_adv_shaping)")
+
+# --help shows each config field's docstring (the string literal under it).
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+
+class ConciseParser(LightningArgumentParser):
+    """A usage error prints ``error: <message>`` first and a pointer to ``--help``, not the
+    whole usage (over a hundred lines with the trainer's options)."""
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {message.strip()}\n")
+        sys.stderr.write(f"({prog} --help lists every option with its description)\n")
+        self.exit(2)
+
+
+def stage_shorthands(args: list[str]) -> list[str]:
+    """``--model.actor.advantage.<stage>=<name or path>`` means ``{implementation: <name>,
+    kwargs: {}}``, so later flags on the same line (``...<stage>.kwargs.x=1``) refine it."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        match = STAGE_FLAG.fullmatch(arg.split("=", 1)[0])
+        if match and "=" in arg:
+            flag, value = arg.split("=", 1)
+        elif match and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            flag, value = arg, args[i + 1]
+            i += 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        bare = (value and value[0] not in "{[" and value.lower() not in ("null", "none")
+                and not Path(value).is_file())
+        out.append(f"{flag}={{implementation: {value}, kwargs: {{}}}}" if bare else f"{flag}={value}")
+        i += 1
+    return out
+
+
+def as_step_count(value: Any) -> Any:
+    """An integral number of steps as an ``int``: ``1`` must stay one step, whichever way
+    jsonargparse resolved ``int | float`` (``1.0`` would be Lightning's "100%")."""
+    if isinstance(value, float) and value >= 1 and value.is_integer():
+        return int(value)
+    return value
 
 
 class LightningAdvCLI(LightningCLI):
     """LightningCLI for :class:`~lightning_adv.trainer.PPOModule` with parse-time validation."""
+
+    checkpoint_info: Optional[dict[str, Any]] = None
+    resumed_in: Optional[Path] = None
+
+    def _usage_error(self, message: str) -> NoReturn:
+        self._parser(self.config.get("subcommand")).error(message)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -39,20 +128,124 @@ class LightningAdvCLI(LightningCLI):
                  "runs fastest on one; more threads mostly wait on each other, badly so on a "
                  "busy machine.")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        if isinstance(args, dict):
+            self.config = parser.parse_object(args)
+            return
+        self.config = parser.parse_args(stage_shorthands(list(sys.argv[1:] if args is None else args)))
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI would re-parse the checkpoint's hyper-parameters over the command
+        # line, silently undoing overrides; here the command line wins (README "Resuming").
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path is None or path in SPECIAL_CKPT_PATHS:
+            return
+        if not Path(path).is_file():
+            self._usage_error(f"ckpt_path: no such checkpoint file {path!r}")
+        try:
+            self.checkpoint_info = load_checkpoint_info(path)
+        except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same usage error
+            self._usage_error(f"ckpt_path: {path!r} is not a readable Lightning checkpoint ({exc})")
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         threads = config.get("torch_num_threads")
         if threads is not None:
             if threads < 1:
-                self.parser.error(f"torch_num_threads: expected null or a positive integer, "
+                self._usage_error(f"torch_num_threads: expected null or a positive integer, "
                                   f"got {threads}")
             torch.set_num_threads(threads)
+        trainer = config.trainer
+        if trainer.get("enable_checkpointing") is False and trainer.get("callbacks"):
+            # The shipped configs list a ModelCheckpoint; Lightning refuses one when
+            # checkpointing is off, so the flag removes it.
+            trainer.callbacks = [c for c in trainer.callbacks
+                                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
         model = config.get("model")
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
         try:
-            validate_model_config(values)
+            hparams = validate_model_config(values, trainer.as_dict())
         except (ValueError, TypeError) as exc:
-            self.parser.error(f"model.{exc}")
+            self._usage_error(f"model.{exc}")
+        if self.checkpoint_info is not None:
+            self._compare_with_checkpoint(hparams, config)
+
+    def _compare_with_checkpoint(self, hparams: dict[str, Any], config: Any) -> None:
+        saved = dict(self.checkpoint_info["hparams"])
+        current = dict(hparams)
+        # The seed is compared (and warned about) when the checkpoint is loaded.
+        saved.pop("seed", None)
+        current.pop("seed", None)
+        changed = config_differences(saved, current)
+        if changed:
+            print(f"note: resuming with settings that differ from the checkpoint's; this run "
+                  f"uses the command line's: {describe(changed)}", file=sys.stderr)
+
+    def instantiate_classes(self) -> None:
+        # The saved config is what the user gave; where the outputs go is decided here,
+        # on a copy: a fresh run directory without a logger, the checkpoint's run
+        # directory when resuming.
+        saved = self.config
+        self.config = copy.deepcopy(saved)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if not config.trainer.get("logger") and config.trainer.get("default_root_dir") is None:
+            config.trainer.default_root_dir = str(next_version_dir(UNLOGGED_RUNS))
+        elif self.subcommand == "fit" and self.checkpoint_info is not None:
+            self._continue_in_run_dir(config)
+        try:
+            super().instantiate_classes()
+        finally:
+            self.config = saved
+
+    def _continue_in_run_dir(self, config: Any) -> None:
+        logger = config.trainer.get("logger")
+        run_dir = run_dir_of(config.ckpt_path)
+        if run_dir is None or not isinstance(logger, jsonargparse.Namespace) or not str(
+                logger.get("class_path", "")).endswith("TensorBoardLogger"):
+            return
+        init = logger.init_args
+        if (Path(init.save_dir) / (init.name or "")).resolve() != run_dir.parent:
+            return
+        init.version = run_dir.name
+        # TensorBoard drops the events this run will write again (steps after the
+        # checkpoint): one curve, not two overlapping ones.
+        logger.dict_kwargs = {**(logger.get("dict_kwargs") or {}),
+                              "purge_step": self.checkpoint_info["step"]}
+        for callback in config.trainer.get("callbacks") or []:
+            if str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
+                # Checkpoints after the resumed step belong to the abandoned continuation
+                # of this same run: replace them (last.ckpt stays last.ckpt), as TensorBoard does.
+                callback.init_args.enable_version_counter = False
+        self.resumed_in = run_dir
+        warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        # Here, after jsonargparse's last pass over the values (instantiation adapts
+        # ``int | float`` again).
+        for key in STEP_COUNT_KEYS:
+            if key in config:
+                config[key] = as_step_count(config[key])
+        if self.subcommand == "fit":
+            callbacks = [*callbacks, InterruptCheckpoint(), RunReport()]
+        return super()._instantiate_trainer(config, callbacks)
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if not trainer.is_global_zero:
+            return
+        lines = fit_summary(trainer, self.model)
+        if self.resumed_in is not None:
+            lines.insert(1, f"  resumed in {self.resumed_in}")
+        interrupt = next((c for c in trainer.callbacks if isinstance(c, InterruptCheckpoint)), None)
+        saver = next((c for c in trainer.callbacks if isinstance(c, SaveRunConfig)), None)
+        config = saver.saved_path if saver is not None else None
+        if interrupt is not None and interrupt.saved:
+            lines.append(f"  interrupted; checkpoint saved: {interrupt.saved}")
+            lines.append(f"  resume with: {resume_command(config, interrupt.saved)}")
+        print("\n".join(lines), flush=True)
+        if interrupt is not None and interrupt.saved:
+            raise SystemExit(130)
 
 
 def main(args: ArgsType = None) -> None:
@@ -63,11 +256,14 @@ def main(args: ArgsType = None) -> None:
     warnings.filterwarnings("ignore", ".*Using ModelCheckpoint with manual optimization.*")
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
-                        auto_configure_optimizers=False, save_config_kwargs={"overwrite": True},
-                        args=args, parser_kwargs={"prog": "python -m lightning_adv"})
+                        auto_configure_optimizers=False, save_config_callback=SaveRunConfig,
+                        parser_class=ConciseParser, args=args,
+                        parser_kwargs={"prog": "python -m lightning_adv"})
     except TaskError as exc:
         # A task, reward or scorer function returned something unusable: the message names
         # the key, the function, the prompt and the sample; a traceback would add nothing.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-
+    except CheckpointMismatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -154,13 +154,13 @@ class StageSpec:
 class AdvantageConfig:
     """The stage tree of the design note: a whole-computation function, or per-stage ones."""
 
-    compute: StageSpec = field(default_factory=lambda: StageSpec("default"))
+    compute: Union[StageSpec, str] = field(default_factory=lambda: StageSpec("default"))
     """the whole computation: "default" (the staged pipeline) or a dotted path replacing it"""
-    outcome_reward_shaping: Optional[StageSpec] = None
+    outcome_reward_shaping: Union[StageSpec, str, None] = None
     """outcome shaping: null/auto/identity or a dotted path; gets OutcomeRewardInputs"""
-    estimator: Optional[StageSpec] = None
+    estimator: Union[StageSpec, str, None] = None
     """temporal estimator: null/auto (follow gae_timestep_unit), token_gae, turn_gae or a dotted path"""
-    process_adv_shaping: Optional[StageSpec] = None
+    process_adv_shaping: Union[StageSpec, str, None] = None
     """process shaping: null/auto (call-time PRM mode, else additive), additive, gvpo, process_weighted or a dotted path"""
 
     KEY: ClassVar[str] = "advantage"

@@ -5,15 +5,20 @@ CI short); the TensorBoard event files, the saved config, ``--print_config``, us
 errors (exit 2, naming the key) and exact resume from a checkpoint are checked.
 """
 
+import shlex
+import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_adv.cli import main
+from lightning_adv.cli import as_step_count, main
+from lightning_adv.trainer import PPOModule
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -143,19 +148,149 @@ def test_bad_task_function_output_is_a_clear_error(override, message, capsys, tm
     assert message in err and ("task.reward" in err or "task.name" in err), err
 
 
-def test_resume_reproduces_the_next_steps_exactly(tmp_path):
+def test_resume_continues_in_the_run_directory_and_reproduces_the_next_steps(tmp_path, capsys):
     # 4 steps, a checkpoint every 2 (each step is 2 optimizer steps with these overrides);
     # the override applies to the config's ModelCheckpoint.
     fit("turn_gae", tmp_path, "--trainer.limit_train_batches=4",
         "--trainer.callbacks.every_n_train_steps=4")
-    first = tmp_path / "turn_gae" / "version_0"
-    ckpt = first / "checkpoints" / "epoch=0-step=4.ckpt"
-    assert ckpt.is_file(), sorted(p.name for p in (first / "checkpoints").iterdir())
+    run = tmp_path / "turn_gae" / "version_0"
+    full = scalars(run)
+    ckpt = run / "checkpoints" / "epoch=0-step=4.ckpt"
+    assert ckpt.is_file(), sorted(p.name for p in (run / "checkpoints").iterdir())
+    capsys.readouterr()
     fit("turn_gae", tmp_path, "--trainer.limit_train_batches=4",
         "--trainer.callbacks.every_n_train_steps=4", f"--ckpt_path={ckpt}")
-    full, resumed = scalars(first), scalars(tmp_path / "turn_gae" / "version_1")
-    assert sorted(resumed["train/task_reward"]) == [2, 3]
+    out = capsys.readouterr().out
+    assert "resumed in" in out and str(run) in out, out
+    assert not (tmp_path / "turn_gae" / "version_1").exists(), "a resumed run keeps its directory"
+    resumed = scalars(run)
+    assert sorted(resumed["train/task_reward"]) == [0, 1, 2, 3]
     for tag, values in resumed.items():
         if tag.startswith("train/"):
             for step, value in values.items():
                 assert value == full[tag][step], (tag, step)
+    # One curve: the steps the resumed run wrote again replaced the first run's.
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/task_reward")] == [0, 1, 2, 3]
+    # The original config is kept; the resumed run's config sits beside it.
+    assert yaml.safe_load((run / "config.yaml").read_text())["ckpt_path"] is None
+    assert yaml.safe_load((run / "config-2.yaml").read_text())["ckpt_path"] == str(ckpt)
+
+
+def test_resume_trains_with_the_command_line_not_the_checkpoint(tmp_path, capsys):
+    # Checkpoint after training step 0 of a run without a reference policy (kl_ctl 0) ...
+    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=2", "--model.actor.kl_ctl=0")
+    run = tmp_path / "ppo" / "version_0"
+    ckpt = run / "checkpoints" / "epoch=0-step=2.ckpt"
+    capsys.readouterr()
+    # ... resumed with another learning rate and a KL penalty (which needs the reference).
+    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=2", "--model.actor.kl_ctl=0.5",
+        "--model.ppo.lr=0.05", f"--ckpt_path={ckpt}")
+    err = capsys.readouterr().err
+    assert "model.ppo.lr (0.0005 in the checkpoint, 0.05 now)" in err, err
+    assert "model.actor.kl_ctl (0.0 in the checkpoint, 0.5 now)" in err, err
+    logged = scalars(run)
+    assert logged["train/kl_coef"] == {0: 0.0, 1: 0.5}
+    assert logged["train/kl_rewards"][1] != 0.0
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert [g["lr"] for g in last["optimizer_states"][0]["param_groups"]] == [0.05]
+    saved = yaml.safe_load((run / "config-2.yaml").read_text())["model"]
+    assert saved["ppo"]["lr"] == 0.05 and saved["actor"]["kl_ctl"] == 0.5
+
+
+def test_resuming_a_different_network_is_refused_naming_the_keys(tmp_path, capsys):
+    fit("grpo", tmp_path, "--trainer.limit_train_batches=1")
+    ckpt = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    code, err = failed_fit("ppo", tmp_path, f"--ckpt_path={ckpt}", capsys)
+    assert code == 2
+    assert "model.policy.value_head (False in the checkpoint, True now)" in err, err
+    assert "value_head" in err and "ckpt_path" in err
+
+
+def test_load_from_checkpoint_carries_the_run_seed(tmp_path):
+    fit("ppo", tmp_path, "--trainer.limit_train_batches=1")
+    ckpt = tmp_path / "ppo" / "version_0" / "checkpoints" / "last.ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = PPOModule.load_from_checkpoint(ckpt)
+    assert module.seed == 7 and module.rollout_step == 1
+
+
+def test_limit_train_batches_counts_steps_one_included(tmp_path, capsys):
+    fit("ppo", tmp_path, "--trainer.limit_train_batches=1")
+    assert sorted(scalars(tmp_path / "ppo" / "version_0")["train/task_reward"]) == [0]
+    assert "fit: 1 training steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("parsed, steps", [(1, 1), (1.0, 1), (3.0, 3), (0.5, 0.5), (None, None)])
+def test_step_counts_survive_either_parse_of_int_or_float(parsed, steps):
+    # jsonargparse turns "1" into 1 or 1.0 depending on what else is installed (pydantic).
+    assert as_step_count(parsed) == steps and type(as_step_count(parsed)) is type(steps)
+
+
+def test_fit_without_a_config_runs_a_bounded_number_of_steps(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["limit_train_batches"] == 300
+
+
+def test_no_logger_keeps_the_run_in_its_own_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("mine: true\n")
+    for _ in range(2):
+        main(["fit", "--config", str(CONFIGS / "ppo.yaml"), "--trainer.logger=false", *SMALL])
+    assert (tmp_path / "config.yaml").read_text() == "mine: true\n"
+    for version in ("version_0", "version_1"):
+        run = tmp_path / "runs" / "no_logger" / version
+        assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "runs"]
+
+
+def test_saved_config_never_overwrites_a_file(tmp_path):
+    (tmp_path / "config.yaml").write_text("mine: true\n")
+    main(["fit", "--config", str(CONFIGS / "ppo.yaml"), "--trainer.logger=false",
+          f"--trainer.default_root_dir={tmp_path}", *SMALL])
+    assert (tmp_path / "config.yaml").read_text() == "mine: true\n"
+    assert yaml.safe_load((tmp_path / "config-2.yaml").read_text())["model"]["task"]["name"] == "reverse"
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_checkpointing_can_be_switched_off(config, tmp_path, capsys):
+    fit(config, tmp_path, "--trainer.enable_checkpointing=false", "--trainer.limit_train_batches=1")
+    assert not (tmp_path / config / "version_0" / "checkpoints").exists()
+    assert "checkpoints: none" in capsys.readouterr().out
+
+
+def test_fit_ends_with_a_summary(tmp_path, capsys):
+    fit("ppo", tmp_path)
+    out = capsys.readouterr().out
+    run = tmp_path / "ppo" / "version_0"
+    assert "fit: 2 training steps (4 optimizer steps)" in out, out
+    assert "final train/task_reward" in out and f"logs: {run}" in out
+    assert f"checkpoints: {run / 'checkpoints'} (latest: last.ckpt)" in out
+
+
+def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
+    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(CONFIGS / "ppo.yaml"),
+           f"--trainer.logger.init_args.save_dir={tmp_path}", *SMALL,
+           "--trainer.limit_train_batches=500"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("fit: 500 training steps"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    command = next(line for line in out.splitlines() if "resume with:" in line).split("resume with: ")[1]
+    args = shlex.split(command)
+    assert args[:4] == ["python", "-m", "lightning_adv", "fit"]
+    ckpt = Path(args[args.index("--ckpt_path") + 1])
+    step = torch.load(ckpt, weights_only=True)["lightning_adv"]["rollout_step"]
+    assert ckpt.is_file() and ckpt.name == f"interrupted-step={step}.ckpt" and step >= 1
+    # The printed command resumes (one more step here) in the same run directory.
+    main(args[3:] + [f"--trainer.limit_train_batches={step + 1}"])
+    assert sorted(scalars(ckpt.parent.parent)["train/task_reward"]) == list(range(step + 1))

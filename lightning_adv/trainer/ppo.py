@@ -48,6 +48,7 @@ from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
+from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
@@ -115,6 +116,12 @@ class PPOConfig:
             check_int("ppo.max_new_tokens", self.max_new_tokens)
         for name in ("temperature", "clip_eps", "lr"):
             check_number(f"ppo.{name}", getattr(self, name), positive=True)
+        if self.clip_eps >= 1:
+            # The ratio's lower bound 1 - clip_eps would be <= 0: nothing is clipped below.
+            fail("ppo.clip_eps", "a number in (0, 1) (the ratio is clipped to "
+                 "[1 - clip_eps, 1 + clip_eps])", self.clip_eps)
+        if self.lr > 1:
+            fail("ppo.lr", "a learning rate in (0, 1]", self.lr)
         for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
             check_number(f"ppo.{name}", getattr(self, name), minimum=0.0)
         check_choice("ppo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
@@ -227,19 +234,15 @@ class PPOModule(pl.LightningModule):
         self.prm_config = _as(PRMConfig, prm, "prm")
         self.kl_controller_config = _as(KLControllerConfig, kl_controller, "kl_controller")
         check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
-        self.save_hyperparameters({
-            "actor": dataclasses.asdict(self.actor_config),
-            "policy": dataclasses.asdict(self.policy_config),
-            "ppo": dataclasses.asdict(self.ppo_config),
-            "task": dataclasses.asdict(self.task_config),
-            "prm": dataclasses.asdict(self.prm_config),
-            "advantage_module": advantage_module, "seed": seed,
-            "kl_controller": dataclasses.asdict(self.kl_controller_config)})
+        self.save_hyperparameters(module_hparams(
+            self.actor_config, self.policy_config, self.ppo_config, self.task_config,
+            self.prm_config, advantage_module, seed, self.kl_controller_config))
 
         self.runtime = TaskRuntime(self.task_config)
         self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
                                                        self.policy_config)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
+        check_rollout_shape(self.actor_config, self.ppo_config, self.task_config, self.runtime)
         vocab = self.runtime.vocab
         self._seed = seed
         # The initial weights come from the run's seed too, not from whatever the global RNG
@@ -266,6 +269,8 @@ class PPOModule(pl.LightningModule):
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators"""
+        self.reward_history: list[float] = []
+        """mean task reward of each training step of this process (for the run summary)"""
         self._loader: Optional[PromptLoader] = None
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -298,10 +303,23 @@ class PPOModule(pl.LightningModule):
         self._loader = PromptLoader(dataset, sampler)
         return self._loader
 
+    def setup(self, stage: str) -> None:
+        # The checkpoint's hyper-parameters carry the seed the run used, so that
+        # ``PPOModule.load_from_checkpoint(path)`` rebuilds the same module.
+        self.hparams["seed"] = self.seed
+
+    def on_train_start(self) -> None:
+        # A resumed run restored the optimizer's param groups from the checkpoint; the
+        # config's values win (README "Resuming").
+        for group in self.optimizers().optimizer.param_groups:
+            group["lr"] = self.ppo_config.lr
+            group["weight_decay"] = self.ppo_config.weight_decay
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
         saved = state.get("seed")
@@ -426,6 +444,7 @@ class PPOModule(pl.LightningModule):
         values["train/kl_coef"] = torch.tensor(self.kl_controller.value)
         n = len(episodes)
         reward = values.pop("train/task_reward")
+        self.reward_history.append(float(reward))
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
@@ -497,9 +516,22 @@ def ppo_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
                    ratio_level=ppo.ratio_level, loss_scale_factor=scale)
 
 
+def module_hparams(actor: ActorConfig, policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig,
+                   prm: PRMConfig, advantage_module: str, seed: Optional[int],
+                   kl_controller: KLControllerConfig) -> dict[str, Any]:
+    """The module's hyper-parameters as plain YAML types (what checkpoints store)."""
+    return {"actor": dataclasses.asdict(actor), "policy": dataclasses.asdict(policy),
+            "ppo": dataclasses.asdict(ppo), "task": dataclasses.asdict(task),
+            "prm": dataclasses.asdict(prm), "advantage_module": advantage_module, "seed": seed,
+            "kl_controller": dataclasses.asdict(kl_controller)}
+
+
 def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
                           kl_controller: KLControllerConfig = KLControllerConfig()) -> None:
     """Combinations the trainer cannot run, caught before training; errors name the key."""
+    if prm.scorers and not prm.enabled:
+        warnings.warn("prm.scorers: process scorers are configured but prm.enabled is false, so "
+                      "they are not run; set prm.enabled: true to use them", stacklevel=3)
     if kl_controller.type == "adaptive" and actor.kl_ctl == 0:
         raise ValueError("kl_controller.type: the adaptive controller scales actor.kl_ctl, which "
                          "is 0 (it would stay 0); set actor.kl_ctl > 0 or use type 'fixed'")
@@ -514,10 +546,66 @@ def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
                          "supported; set it to false")
 
 
-def validate_model_config(values: Mapping[str, Any]) -> None:
+#: built-in outcome stages whose baseline is the prompt group's (zero for one-member groups)
+GROUP_BASELINE_STAGES = ("opo_baseline", "gpg")
+
+
+def group_settings(actor: ActorConfig) -> list[str]:
+    """The actor's settings that compare the responses of one prompt group."""
+    found = [f"actor.{name}.{level}" for name in ("reward_norm", "adv_norm")
+             for level in ("mean_level", "std_level")
+             if getattr(actor, name) is not None and getattr(getattr(actor, name), level) == "group"]
+    outcome = actor.advantage.outcome_reward_shaping
+    if outcome is not None and outcome.implementation in GROUP_BASELINE_STAGES:
+        found.append(f"actor.advantage.outcome_reward_shaping ({outcome.implementation!r})")
+    return found
+
+
+def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
+                        runtime: TaskRuntime, world_size: int = 1) -> None:
+    """What one training step's rollout must hold for the config to make sense."""
+    grouped = group_settings(actor)
+    if grouped and ppo.n_samples < 2:
+        raise ValueError(f"ppo.n_samples: {', '.join(grouped)} compare the responses of one "
+                         f"prompt, so each prompt needs at least 2 samples (with 1, every "
+                         f"advantage is 0), got {ppo.n_samples}")
+    if task.num_prompts < ppo.prompts_per_step:
+        raise ValueError(f"task.num_prompts: the pool ({task.num_prompts}) is smaller than one "
+                         f"step's prompts (ppo.prompts_per_step={ppo.prompts_per_step})")
+    rows = ppo.prompts_per_step // max(world_size, 1) * ppo.n_samples
+    if ppo.minibatches > rows:
+        raise ValueError(f"ppo.minibatches: each minibatch needs at least one row, and a step has "
+                         f"{rows} rows per rank (ppo.prompts_per_step {ppo.prompts_per_step} / "
+                         f"{world_size} rank(s) x ppo.n_samples {ppo.n_samples}), got "
+                         f"{ppo.minibatches}")
+    if actor.estimator_unit == "turn" and runtime.task.max_turns < 2:
+        spec = actor.advantage.estimator
+        key = ("actor.advantage.estimator" if spec is not None and spec.implementation == "turn_gae"
+               else "actor.gae_timestep_unit")
+        raise ValueError(f"{key}: turn-level GAE needs a multi-turn task (the batch's turn_ids), "
+                         f"and task {task.name!r} has one turn per episode; use estimator "
+                         f"token_gae or a multi-turn task (guess)")
+
+
+def world_size_of(trainer: Optional[Mapping[str, Any]]) -> int:
+    """Ranks the trainer config asks for, where knowable without starting it (else 1)."""
+    if not trainer:
+        return 1
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * nodes
+    return nodes
+
+
+def validate_model_config(values: Mapping[str, Any],
+                          trainer: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Check a ``PPOModule`` config (the ``model`` section) without building any network:
-    the config dataclasses, the task, the process scorers and the advantage module with its
-    stages. Raises ``ValueError`` naming the key (``actor.advantage.estimator: ...``)."""
+    the config dataclasses, the task, the process scorers, the shape of a step's rollout
+    (against ``trainer``'s devices, when given) and the advantage module with its stages.
+    Raises ``ValueError`` naming the key (``actor.advantage.estimator: ...``); returns the
+    module's hyper-parameters as its checkpoints store them."""
     actor = _as(ActorConfig, values.get("actor"), "actor")
     policy = _as(PolicyConfig, values.get("policy"), "policy")
     ppo = _as(PPOConfig, values.get("ppo"), "ppo")
@@ -528,7 +616,9 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     runtime = TaskRuntime(task)
     max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
     check_length_penalty(actor, runtime, max_new_tokens)
+    check_rollout_shape(actor, ppo, task, runtime, world_size_of(trainer))
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
     build_advantage_module(path, actor)
+    return module_hparams(actor, policy, ppo, task, prm, path, values.get("seed"), kl_controller)

@@ -1,0 +1,172 @@
+"""Run hygiene of the CLI's runs: the saved config, Ctrl-C, the end-of-run summary.
+
+- :class:`SaveRunConfig` saves the resolved config in the run directory and never
+  overwrites a file (a name that is taken gets a number: ``config-2.yaml``);
+- :class:`InterruptCheckpoint` turns Ctrl-C during ``fit`` into "finish this training
+  step, save a checkpoint, stop", so the run resumes exactly where it stopped;
+- :class:`RunReport` prints the run's length and directory when training starts;
+  :func:`fit_summary` is the few lines printed when ``fit`` ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
+
+
+def free_path(directory: str, filename: str) -> Path:
+    """``directory/filename``, or ``stem-2.ext``, ``stem-3.ext``... the first name not taken."""
+    base = Path(directory) / filename
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.stem}-{n}{base.suffix}")
+    return path
+
+
+def next_version_dir(root: Path) -> Path:
+    """``root/version_N`` with the first N not taken (TensorBoardLogger's naming)."""
+    n = 0
+    while (root / f"version_{n}").exists():
+        n += 1
+    return root / f"version_{n}"
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Saves the run's resolved config as ``config.yaml`` in the run directory (the
+    logger's ``log_dir``). An existing file is never overwritten: a resumed run continuing
+    in its directory, or a directory holding a file of yours, gets ``config-2.yaml``..."""
+
+    saved_path: Optional[Path] = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        log_dir = trainer.log_dir
+        if trainer.is_global_zero and log_dir is not None:
+            os.makedirs(log_dir, exist_ok=True)
+            text = self.parser.dump(self.config, skip_none=False)
+            while True:
+                path = free_path(log_dir, self.config_filename)
+                try:
+                    with open(path, "x") as f:  # exclusive: a concurrent run cannot clobber it
+                        f.write(text)
+                    break
+                except FileExistsError:
+                    continue
+            self.saved_path = path
+        self.already_saved = trainer.strategy.broadcast(True)
+
+
+def checkpoint_dir(trainer: pl.Trainer) -> Optional[str]:
+    """Where this run's checkpoints go: the ModelCheckpoint's directory, else
+    ``<run dir>/checkpoints``."""
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        return str(callback.dirpath)
+    return os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+
+
+class InterruptCheckpoint(Callback):
+    """Ctrl-C during ``fit``: the current training step finishes, a checkpoint is saved
+    (``interrupted-step=N.ckpt`` beside the others), and training stops. A second Ctrl-C
+    stops at once, without a checkpoint (Lightning's own shutdown). Every rank stops
+    after the same step (the request is all-reduced after each step)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.saved: Optional[str] = None
+        self._previous: Any = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            self._restore()
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: finishing the current training step, then saving a checkpoint "
+              "(Ctrl-C again to stop at once, without one)", file=sys.stderr, flush=True)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            return
+        step = getattr(pl_module, "rollout_step", trainer.global_step)
+        path = os.path.join(checkpoint_dir(trainer), f"interrupted-step={step}.ckpt")
+        trainer.save_checkpoint(path)
+        self.saved = path
+        trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+class RunReport(Callback):
+    """Prints, when training starts, how long the run is, where it writes, and that Ctrl-C
+    saves a checkpoint (so a run is never a silent 3125-step epoch)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        ppo = getattr(pl_module, "ppo_config", None)
+        batch = f" of {ppo.prompts_per_step} prompts x {ppo.n_samples} samples" if ppo else ""
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+        total = int(trainer.num_training_batches) * epochs
+        done = getattr(pl_module, "rollout_step", 0)
+        where = trainer.log_dir if trainer.logger is not None else checkpoint_dir(trainer)
+        start = f", resuming after step {done}" if done else ""
+        print(f"fit: {total} training steps{batch} (trainer.limit_train_batches x max_epochs)"
+              f"{start}; writing to {where}; Ctrl-C saves a checkpoint and stops", flush=True)
+
+
+def resume_command(config: Optional[Path], ckpt: str) -> str:
+    parts = ["python -m lightning_adv fit"]
+    if config is not None:
+        parts.append(f"--config {config}")
+    parts.append(f"--ckpt_path {ckpt}")
+    return " ".join(parts)
+
+
+def fit_summary(trainer: pl.Trainer, module: Any) -> list[str]:
+    """The lines printed when ``fit`` ends: steps, final reward, where the outputs are."""
+    steps = getattr(module, "rollout_step", trainer.global_step)
+    lines = [f"fit: {steps} training steps ({trainer.global_step} optimizer steps)"]
+    rewards = list(getattr(module, "reward_history", []))
+    if rewards:
+        last = rewards[-10:]
+        lines.append(f"  final train/task_reward {rewards[-1]:.3f} (mean of the last "
+                     f"{len(last)} steps: {sum(last) / len(last):.3f})")
+    shown = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if shown:
+        lines.append("  last validation: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(shown.items())))
+    if trainer.logger is not None and trainer.log_dir:
+        lines.append(f"  logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})")
+    else:
+        lines.append("  logs: none (trainer.logger is off)")
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        latest = callback.last_model_path or callback.best_model_path
+        lines.append(f"  checkpoints: {callback.dirpath}" + (f" (latest: {Path(latest).name})" if latest else ""))
+    else:
+        lines.append("  checkpoints: none (trainer.enable_checkpointing is off)")
+    return lines
