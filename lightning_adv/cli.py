@@ -69,7 +69,12 @@ jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 class ConciseParser(LightningArgumentParser):
     """A usage error prints ``error: <message>`` first and a pointer to ``--help``, not the
-    whole usage (over a hundred lines with the trainer's options)."""
+    whole usage (over a hundred lines with the trainer's options). Abbreviated options
+    are refused: ``--model.ppo.n_sample`` is a typo, not ``n_samples``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
         if not self.exit_on_error:
@@ -131,47 +136,66 @@ class LightningAdvCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         if isinstance(args, dict):
             self.config = parser.parse_object(args)
-            return
-        self.config = parser.parse_args(stage_shorthands(list(sys.argv[1:] if args is None else args)))
+        else:
+            self.config = parser.parse_args(
+                stage_shorthands(list(sys.argv[1:] if args is None else args)))
+        self.check_config()
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI would re-parse the checkpoint's hyper-parameters over the command
-        # line, silently undoing overrides; here the command line wins (README "Resuming").
+        """LightningCLI would re-parse the checkpoint's hyper-parameters over the command
+        line, silently undoing overrides; here the command line wins (README "Resuming"),
+        and :meth:`check_config` has read the checkpoint."""
+
+    def check_config(self) -> None:
+        """Every usage check, right after parsing and before anything else runs or prints:
+        a bad value is ``error: <key>: ...`` and exit 2; warnings about the config are shown
+        only when it is valid."""
         subcommand = self.config.get("subcommand")
-        path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if path is None or path in SPECIAL_CKPT_PATHS:
+        config = self.config[subcommand] if subcommand else self.config
+        threads = config.get("torch_num_threads")
+        if threads is not None and threads < 1:
+            self._usage_error(f"torch_num_threads: expected null or a positive integer, got {threads}")
+        trainer = config.trainer
+        for key in STEP_COUNT_KEYS:  # as saved in the run's config (the trainer gets them below)
+            trainer[key] = as_step_count(trainer.get(key))
+        if trainer.get("enable_checkpointing") is False and trainer.get("callbacks"):
+            # The shipped configs list a ModelCheckpoint; Lightning refuses one when
+            # checkpointing is off, so the flag removes it.
+            trainer.callbacks = [c for c in trainer.callbacks
+                                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+        if config.get("ckpt_path") is not None:
+            self._read_checkpoint(config.ckpt_path)
+        model = config.get("model")
+        values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                hparams = validate_model_config(values, trainer.as_dict())
+            except (ValueError, TypeError) as exc:
+                self._usage_error(f"model.{exc}")
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        if self.checkpoint_info is not None:
+            self._compare_with_checkpoint(hparams)
+
+    def _read_checkpoint(self, path: str) -> None:
+        if path in SPECIAL_CKPT_PATHS:
             return
         if not Path(path).is_file():
             self._usage_error(f"ckpt_path: no such checkpoint file {path!r}")
         try:
             self.checkpoint_info = load_checkpoint_info(path)
         except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same usage error
-            self._usage_error(f"ckpt_path: {path!r} is not a readable Lightning checkpoint ({exc})")
+            reason = str(exc).split(". ")[0].split("\n")[0]
+            self._usage_error(f"ckpt_path: {path!r} is not a Lightning checkpoint (torch.load: "
+                              f"{type(exc).__name__}: {reason})")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        threads = config.get("torch_num_threads")
-        if threads is not None:
-            if threads < 1:
-                self._usage_error(f"torch_num_threads: expected null or a positive integer, "
-                                  f"got {threads}")
-            torch.set_num_threads(threads)
-        trainer = config.trainer
-        if trainer.get("enable_checkpointing") is False and trainer.get("callbacks"):
-            # The shipped configs list a ModelCheckpoint; Lightning refuses one when
-            # checkpointing is off, so the flag removes it.
-            trainer.callbacks = [c for c in trainer.callbacks
-                                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
-        model = config.get("model")
-        values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
-        try:
-            hparams = validate_model_config(values, trainer.as_dict())
-        except (ValueError, TypeError) as exc:
-            self._usage_error(f"model.{exc}")
-        if self.checkpoint_info is not None:
-            self._compare_with_checkpoint(hparams, config)
+        if config.get("torch_num_threads") is not None:
+            torch.set_num_threads(config.torch_num_threads)
 
-    def _compare_with_checkpoint(self, hparams: dict[str, Any], config: Any) -> None:
+    def _compare_with_checkpoint(self, hparams: dict[str, Any]) -> None:
         saved = dict(self.checkpoint_info["hparams"])
         current = dict(hparams)
         # The seed is compared (and warned about) when the checkpoint is loaded.

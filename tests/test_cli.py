@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,12 @@ def fit(config: str, save_dir: Path, *extra: str) -> None:
           f"--trainer.logger.init_args.save_dir={save_dir}", *SMALL, *extra])
 
 
-def failed_fit(config: str, save_dir: Path, override: str, capsys) -> tuple[int, str]:
+def failed_fit(config: str, save_dir: Path, override: str | tuple[str, ...], capsys
+               ) -> tuple[int, str]:
     """Run a fit that must stop with SystemExit; its exit code and stderr."""
+    overrides = (override,) if isinstance(override, str) else override
     with pytest.raises(SystemExit) as exit_info:
-        fit(config, save_dir, override)
+        fit(config, save_dir, *overrides)
     return exit_info.value.code, capsys.readouterr().err
 
 
@@ -91,33 +94,88 @@ def test_print_config(capsys):
     assert printed["seed_everything"] == 11
 
 
-@pytest.mark.parametrize("override, key", [
-    ("--model.actor.advantage.estimator.implementation=token_gea", "estimator"),
-    ("--model.actor.advantage.process_adv_shaping={implementation: gvpo, kwargs: {negative: 1}}",
-     "process_adv_shaping"),
-    ("--model.actor.advantage.outcome_reward_shaping={implementation: no_such_pkg.mod.fn}",
-     "model.actor.advantage.outcome_reward_shaping"),
-    ("--model.actor.kl_estimator=k9", "model.actor.kl_estimator"),
-    ("--model.task.name=no_such_task", "model.task.name"),
-    ("--model.task.kwargs={alphabet: abc, colour: red}", "model.task.kwargs"),
-    ("--model.task.reward=no_such_pkg.rewards.fn", "model.task.reward"),
-    ("--model.ppo.n_samples=0", "model.ppo.n_samples"),
-    ("--model.ppo.max_new_tokens=0", "model.ppo.max_new_tokens"),
-    ("--model.policy.max_seq_len=4", "model.policy.max_seq_len"),
-    ("--model.advantage_module=lightning_adv.ActorConfig", "model.advantage_module"),
-    ("--model.prm.scorers=[{path: lightning_adv.trainer.tasks.position_match, kwargs: {x: 1}}]",
-     "model.prm.scorers[0].path"),
-    ("--model.actor={overlong_reward_penalty: true, overlong_tokens: 2, overlong_penalty_factor: 1.0}",
-     "model.actor.max_new_tokens"),
-    ("--model.actor={gae_lambda: lightning_adv.vapo_length_adaptive_gae, gae_lambda_kwargs: {alpha: -1}}",
-     "model.actor.gae_lambda"),
-    ("--model.actor.adv_norm.eps=0", "model.actor.adv_norm.eps"),
-])
-def test_bad_config_is_a_usage_error_naming_the_key(override, key, capsys, tmp_path):
-    code, err = failed_fit("ppo", tmp_path, override, capsys)
+@dataclass
+class CliBad:
+    """A command line that must stop with a usage error (exit 2) before anything is built:
+    ``error: ...`` first, naming ``key``."""
+
+    id: str
+    override: str | tuple[str, ...]
+    key: str
+    config: str = "ppo"
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return (self.override,) if isinstance(self.override, str) else self.override
+
+
+CLI_ERRORS = [
+    CliBad("cli-unknown-stage", "--model.actor.advantage.estimator.implementation=token_gea",
+           "model.actor.advantage.estimator"),
+    CliBad("cli-stage-kwargs", "--model.actor.advantage.process_adv_shaping={implementation: gvpo, "
+           "kwargs: {negative: 1}}", "model.actor.advantage.process_adv_shaping"),
+    CliBad("cli-unimportable-stage", "--model.actor.advantage.outcome_reward_shaping="
+           "no_such_pkg.mod.fn", "model.actor.advantage.outcome_reward_shaping"),
+    CliBad("cli-literal-choice", "--model.actor.kl_estimator=k9", "model.actor.kl_estimator"),
+    CliBad("cli-wrong-type", "--model.ppo.n_samples=abc", "model.ppo.n_samples"),
+    CliBad("cli-unknown-option", "--model.ppo.n_sample=4", "--model.ppo.n_sample"),
+    CliBad("cli-unknown-task", "--model.task.name=no_such_task", "model.task.name"),
+    CliBad("cli-task-kwargs", "--model.task.kwargs={alphabet: abc, colour: red}", "model.task.kwargs"),
+    CliBad("cli-unimportable-reward", "--model.task.reward=no_such_pkg.rewards.fn", "model.task.reward"),
+    CliBad("cli-non-positive-count", "--model.ppo.n_samples=0", "model.ppo.n_samples"),
+    CliBad("cli-token-limit", "--model.ppo.max_new_tokens=0", "model.ppo.max_new_tokens"),
+    CliBad("cli-sequence-too-short", "--model.policy.max_seq_len=4", "model.policy.max_seq_len"),
+    CliBad("cli-advantage-module-class", "--model.advantage_module=lightning_adv.ActorConfig",
+           "model.advantage_module"),
+    CliBad("cli-scorer-kwargs", "--model.prm={enabled: true, scorers: [{path: "
+           "lightning_adv.trainer.tasks.position_match, kwargs: {x: 1}}]}", "model.prm.scorers[0].path"),
+    CliBad("cli-length-penalty-budget", "--model.actor={overlong_reward_penalty: true, "
+           "overlong_tokens: 2, overlong_penalty_factor: 1.0}", "model.actor.max_new_tokens"),
+    CliBad("cli-lambda-kwargs", "--model.actor={gae_lambda: lightning_adv.vapo_length_adaptive_gae, "
+           "gae_lambda_kwargs: {alpha: -1}}", "model.actor.gae_lambda"),
+    CliBad("cli-norm-eps", "--model.actor.adv_norm.eps=0", "model.actor.adv_norm.eps"),
+    CliBad("cli-turn-gae-single-turn", "--model.actor.advantage.estimator=turn_gae",
+           "model.actor.advantage.estimator"),
+    CliBad("cli-turn-unit-single-turn", ("--model.actor.advantage.estimator=auto",
+                                         "--model.actor.gae_timestep_unit=turn"),
+           "model.actor.gae_timestep_unit"),
+    CliBad("cli-pool-smaller-than-step", "--model.task.num_prompts=3", "model.task.num_prompts"),
+    CliBad("cli-more-minibatches-than-rows", "--model.ppo.minibatches=17", "model.ppo.minibatches"),
+    CliBad("cli-minibatches-per-rank", ("--trainer.devices=2", "--model.ppo.minibatches=9"),
+           "model.ppo.minibatches"),
+    CliBad("cli-group-norm-one-sample", "--model.ppo.n_samples=1", "model.ppo.n_samples", "grpo"),
+    CliBad("cli-group-baseline-one-sample", "--model.ppo.n_samples=1", "model.ppo.n_samples", "dr_grpo"),
+    CliBad("cli-clip-eps-degenerate", "--model.ppo.clip_eps=50", "model.ppo.clip_eps"),
+    CliBad("cli-lr-degenerate", "--model.ppo.lr=5", "model.ppo.lr"),
+    CliBad("cli-missing-checkpoint", "--ckpt_path=no/such/last.ckpt", "ckpt_path"),
+    CliBad("cli-not-a-checkpoint", f"--ckpt_path={Path(__file__)}", "ckpt_path"),
+    CliBad("cli-threads", "--torch_num_threads=0", "torch_num_threads"),
+]
+
+
+@pytest.mark.parametrize("bad", CLI_ERRORS, ids=[b.id for b in CLI_ERRORS])
+def test_bad_command_line_is_a_short_usage_error_naming_the_key(bad, capsys, tmp_path):
+    code, err = failed_fit(bad.config, tmp_path, bad.override, capsys)
     assert code == 2
-    assert key in err, err
-    assert not (tmp_path / "ppo").exists(), "nothing may be built before validation"
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("error: ") and bad.key in err, err
+    assert len(lines) <= 10 and "--help" in lines[-1], "the error, not the whole usage"
+    assert not (tmp_path / bad.config).exists(), "nothing may be built before validation"
+
+
+def test_readme_troubleshooting_table_lists_every_command_line_error():
+    readme = (REPO / "README.md").read_text()
+    missing = [b.id for b in CLI_ERRORS if f"`{b.id}`" not in readme]
+    assert not missing, f"README troubleshooting table lacks {missing}"
+
+
+def test_help_shows_each_fields_description(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("clip range of the probability ratio", "responses sampled per prompt",
+                 "temporal estimator: null/auto", "width of the residual stream"):
+        assert text in out, text
 
 
 def test_process_mode_is_checked_against_the_actor_at_parse_time(capsys, tmp_path):

@@ -592,6 +592,8 @@ def world_size_of(trainer: Optional[Mapping[str, Any]]) -> int:
     if not trainer:
         return 1
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, str) and devices.isdigit():  # the CLI parses "2" as a string
+        devices = int(devices)
     if isinstance(devices, int) and devices > 0:
         return devices * nodes
     if isinstance(devices, (list, tuple)):
