@@ -181,7 +181,12 @@ class AdvantageModule(nn.Module):
         if stage.builtin:
             return stage(inputs)
         call = StageContractCheck(stage.where, inputs, task_rewards, bs, width, device)
-        result = stage(inputs)
+        try:
+            result = stage(inputs)
+        except Exception as exc:
+            # The user's own exception, unchanged, with the stage that raised it named.
+            exc.add_note(f"raised by the user stage {stage.where} (actor.advantage.{stage.family})")
+            raise
         call.check_inputs_untouched()
         return check(call, result)
 

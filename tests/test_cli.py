@@ -352,3 +352,67 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
     # The printed command resumes (one more step here) in the same run directory.
     main(args[3:] + [f"--trainer.limit_train_batches={step + 1}"])
     assert sorted(scalars(ckpt.parent.parent)["train/task_reward"]) == list(range(step + 1))
+
+
+def readme_command(fragment: str) -> list[str]:
+    """The README's ``python -m lightning_adv ...`` command whose lines contain ``fragment``."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if fragment in line)
+    start = max(i for i in range(end + 1) if lines[i].lstrip().startswith("python -m lightning_adv"))
+    while lines[end].rstrip().split("#")[0].rstrip().endswith("\\"):
+        end += 1
+    text = " ".join(line.split("  #")[0].rstrip().rstrip("\\") for line in lines[start:end + 1])
+    return shlex.split(text)[3:]
+
+
+def test_readme_stage_override_example_works(tmp_path):
+    from lightning_adv.cli import LightningAdvCLI, TRAINER_DEFAULTS
+
+    args = readme_command("process_adv_shaping.kwargs.negative_scale=0.5")
+    assert args[0] == "fit"
+    cli = LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
+                          args=args[1:] + [f"--trainer.default_root_dir={tmp_path}"], run=False)
+    process = cli.model.advantage.process
+    assert (process.implementation, process.kwargs) == ("gvpo", {"negative_scale": 0.5})
+    fit(Path(args[args.index("--config") + 1]).stem, tmp_path, *args[3:],
+        "--trainer.limit_train_batches=1")
+
+
+@pytest.mark.parametrize("form", ["yaml", "flag"])
+def test_a_stage_may_be_given_by_name_alone(form, tmp_path, capsys):
+    if form == "yaml":
+        config = tmp_path / "est.yaml"
+        config.write_text("model:\n  actor:\n    advantage:\n      estimator: reinforce\n"
+                          "      compute: default\n")
+        extra = ["--config", str(config)]
+    else:
+        extra = ["--model.actor.advantage.estimator=reinforce"]
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(CONFIGS / "grpo.yaml"), *extra, "--print_config"])
+    advantage = yaml.safe_load(capsys.readouterr().out)["model"]["actor"]["advantage"]
+    estimator = advantage["estimator"]
+    assert estimator in ("reinforce", {"implementation": "reinforce", "kwargs": {}})
+    fit("grpo", tmp_path, *extra, "--trainer.limit_train_batches=1")
+
+
+def test_a_dotted_stage_path_flag_then_its_kwargs(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(CONFIGS / "ppo.yaml"),
+              "--model.actor.advantage.estimator", "my_pkg.estimators.fn",
+              "--model.actor.advantage.estimator.kwargs.scale=2", "--print_config"])
+    estimator = yaml.safe_load(capsys.readouterr().out)["model"]["actor"]["advantage"]["estimator"]
+    assert estimator == {"implementation": "my_pkg.estimators.fn", "kwargs": {"scale": 2}}
+
+
+def test_a_user_stage_exception_names_the_stage(tmp_path):
+    with pytest.raises(ZeroDivisionError) as err:
+        fit("ppo", tmp_path, "--model.actor.advantage.estimator=trainer_helpers.failing_estimator")
+    assert any("advantage.estimator 'trainer_helpers.failing_estimator'" in note
+               for note in err.value.__notes__), err.value.__notes__
+
+
+def test_scorers_without_prm_enabled_warn(tmp_path):
+    scorers = "--model.prm.scorers=[{path: lightning_adv.trainer.tasks.position_match}]"
+    with pytest.warns(UserWarning, match="prm.scorers: process scorers are configured but "
+                                         "prm.enabled is false"):
+        fit("ppo", tmp_path, scorers, "--trainer.limit_train_batches=1")

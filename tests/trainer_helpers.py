@@ -88,3 +88,8 @@ class RecordingAdvantageModule(AdvantageModule):
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
+
+
+def failing_estimator(inputs):
+    """A user estimator with a bug of its own."""
+    return 1 / 0
