@@ -30,6 +30,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 
 from lightning_adv.trainer.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, fit_summary, next_version_dir, resume_command)
+from lightning_adv.trainer.evaluation import PredictionWriter
 from lightning_adv.trainer.ppo import PPOModule, validate_model_config
 from lightning_adv.trainer.resume import (
     CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
@@ -81,7 +82,10 @@ class ConciseParser(LightningArgumentParser):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {message.strip()}\n")
+        lines = [line.strip() for line in message.strip().splitlines()]
+        if len(lines) > 1 and lines[0].endswith(":"):  # jsonargparse: 'Parser key "x":' then why
+            lines[:2] = [f"{lines[0]} {lines[1]}"]
+        sys.stderr.write(f"error: {lines[0]}\n" + "".join(f"  {line}\n" for line in lines[1:8]))
         sys.stderr.write(f"({prog} --help lists every option with its description)\n")
         self.exit(2)
 
@@ -175,8 +179,26 @@ class LightningAdvCLI(LightningCLI):
                 self._usage_error(f"model.{exc}")
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        self._check_validation_schedule(hparams, trainer)
         if self.checkpoint_info is not None:
             self._compare_with_checkpoint(hparams)
+
+    def _check_validation_schedule(self, hparams: dict[str, Any], trainer: Any) -> None:
+        interval = trainer.get("val_check_interval")
+        if interval is None:
+            return
+        if not hparams["evaluation"]["num_prompts"] or trainer.get("limit_val_batches") == 0:
+            warnings.warn("trainer.val_check_interval: validation is off (model.evaluation."
+                          "num_prompts or trainer.limit_val_batches is 0), so it is ignored",
+                          stacklevel=2)
+            return
+        steps = hparams["task"]["num_prompts"] // hparams["ppo"]["prompts_per_step"]
+        limit = trainer.get("limit_train_batches")
+        if isinstance(limit, int):
+            steps = min(steps, limit)
+        if isinstance(interval, int) and interval > steps:
+            self._usage_error(f"trainer.val_check_interval: validation runs every this many "
+                              f"training steps within an epoch of {steps} steps, got {interval}")
 
     def _read_checkpoint(self, path: str) -> None:
         if path in SPECIAL_CKPT_PATHS:
@@ -186,9 +208,9 @@ class LightningAdvCLI(LightningCLI):
         try:
             self.checkpoint_info = load_checkpoint_info(path)
         except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same usage error
-            reason = str(exc).split(". ")[0].split("\n")[0]
-            self._usage_error(f"ckpt_path: {path!r} is not a Lightning checkpoint (torch.load: "
-                              f"{type(exc).__name__}: {reason})")
+            reason = str(exc).split("\n")[0][:120]
+            self._usage_error(f"ckpt_path: {path!r} is not a Lightning checkpoint (torch.load "
+                              f"could not read it: {type(exc).__name__}: {reason})")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -252,13 +274,16 @@ class LightningAdvCLI(LightningCLI):
                 config[key] = as_step_count(config[key])
         if self.subcommand == "fit":
             callbacks = [*callbacks, InterruptCheckpoint(), RunReport()]
+        elif self.subcommand == "predict":
+            callbacks = [*callbacks, PredictionWriter()]
         return super()._instantiate_trainer(config, callbacks)
 
     def after_fit(self) -> None:
         trainer = self.trainer
+        log_dir = trainer.log_dir  # a collective: every rank asks
         if not trainer.is_global_zero:
             return
-        lines = fit_summary(trainer, self.model)
+        lines = fit_summary(trainer, self.model, log_dir)
         if self.resumed_in is not None:
             lines.insert(1, f"  resumed in {self.resumed_in}")
         interrupt = next((c for c in trainer.callbacks if isinstance(c, InterruptCheckpoint)), None)
@@ -270,6 +295,13 @@ class LightningAdvCLI(LightningCLI):
         print("\n".join(lines), flush=True)
         if interrupt is not None and interrupt.saved:
             raise SystemExit(130)
+
+
+    def after_predict(self) -> None:
+        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
+        if self.trainer.is_global_zero:
+            print(f"predict: {writer.lines} responses (prompt, response, reward) written to "
+                  f"{writer.written}", flush=True)
 
 
 def main(args: ArgsType = None) -> None:

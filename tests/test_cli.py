@@ -26,7 +26,8 @@ CONFIGS = REPO / "configs"
 SHIPPED = ["ppo", "grpo", "dr_grpo", "turn_gae", "gvpo_prm"]
 SMALL = ["--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false", "--model.ppo.prompts_per_step=4",
-         "--model.ppo.n_samples=4", "--model.ppo.minibatches=2", "--model.ppo.epochs=1"]
+         "--model.ppo.n_samples=4", "--model.ppo.minibatches=2", "--model.ppo.epochs=1",
+         "--model.evaluation.num_prompts=8"]
 
 
 @pytest.fixture(autouse=True)
@@ -144,12 +145,17 @@ CLI_ERRORS = [
     CliBad("cli-minibatches-per-rank", ("--trainer.devices=2", "--model.ppo.minibatches=9"),
            "model.ppo.minibatches"),
     CliBad("cli-group-norm-one-sample", "--model.ppo.n_samples=1", "model.ppo.n_samples", "grpo"),
-    CliBad("cli-group-baseline-one-sample", "--model.ppo.n_samples=1", "model.ppo.n_samples", "dr_grpo"),
+    CliBad("cli-group-mean-one-sample", "--model.ppo.n_samples=1", "model.ppo.n_samples", "dr_grpo"),
+    CliBad("cli-group-baseline-one-sample", ("--model.actor.reward_norm=null", "--model.ppo.n_samples=1",
+                                             "--model.actor.advantage.outcome_reward_shaping=gpg"),
+           "model.ppo.n_samples", "grpo"),
     CliBad("cli-clip-eps-degenerate", "--model.ppo.clip_eps=50", "model.ppo.clip_eps"),
     CliBad("cli-lr-degenerate", "--model.ppo.lr=5", "model.ppo.lr"),
     CliBad("cli-missing-checkpoint", "--ckpt_path=no/such/last.ckpt", "ckpt_path"),
     CliBad("cli-not-a-checkpoint", f"--ckpt_path={Path(__file__)}", "ckpt_path"),
     CliBad("cli-threads", "--torch_num_threads=0", "torch_num_threads"),
+    CliBad("cli-val-interval-past-epoch", "--trainer.val_check_interval=3", "trainer.val_check_interval"),
+    CliBad("cli-pass-k-above-samples", "--model.evaluation.pass_k=[1, 8]", "model.evaluation.pass_k"),
 ]
 
 

@@ -126,6 +126,8 @@ class RunReport(Callback):
     saves a checkpoint (so a run is never a silent 3125-step epoch)."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # trainer.log_dir broadcasts: every rank must ask for it.
+        where = trainer.log_dir if trainer.logger is not None else checkpoint_dir(trainer)
         if not trainer.is_global_zero:
             return
         ppo = getattr(pl_module, "ppo_config", None)
@@ -133,7 +135,6 @@ class RunReport(Callback):
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
         total = int(trainer.num_training_batches) * epochs
         done = getattr(pl_module, "rollout_step", 0)
-        where = trainer.log_dir if trainer.logger is not None else checkpoint_dir(trainer)
         start = f", resuming after step {done}" if done else ""
         print(f"fit: {total} training steps{batch} (trainer.limit_train_batches x max_epochs)"
               f"{start}; writing to {where}; Ctrl-C saves a checkpoint and stops", flush=True)
@@ -147,8 +148,9 @@ def resume_command(config: Optional[Path], ckpt: str) -> str:
     return " ".join(parts)
 
 
-def fit_summary(trainer: pl.Trainer, module: Any) -> list[str]:
-    """The lines printed when ``fit`` ends: steps, final reward, where the outputs are."""
+def fit_summary(trainer: pl.Trainer, module: Any, log_dir: Optional[str]) -> list[str]:
+    """The lines printed when ``fit`` ends: steps, final reward, where the outputs are
+    (``log_dir``: ``trainer.log_dir``, which every rank must have asked for)."""
     steps = getattr(module, "rollout_step", trainer.global_step)
     lines = [f"fit: {steps} training steps ({trainer.global_step} optimizer steps)"]
     rewards = list(getattr(module, "reward_history", []))
@@ -159,8 +161,8 @@ def fit_summary(trainer: pl.Trainer, module: Any) -> list[str]:
     shown = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if shown:
         lines.append("  last validation: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(shown.items())))
-    if trainer.logger is not None and trainer.log_dir:
-        lines.append(f"  logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})")
+    if trainer.logger is not None and log_dir:
+        lines.append(f"  logs: {log_dir} (tensorboard --logdir {Path(log_dir).parent.parent})")
     else:
         lines.append("  logs: none (trainer.logger is off)")
     callback = trainer.checkpoint_callback

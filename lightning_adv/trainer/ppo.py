@@ -32,7 +32,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
 from lightning_adv.config import (
@@ -48,7 +48,10 @@ from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
+from lightning_adv.trainer.evaluation import (
+    STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
 from lightning_adv.trainer.resume import reconcile_checkpoint
+from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
@@ -217,6 +220,9 @@ class PPOModule(pl.LightningModule):
         seed: seed of every random draw of a step (null: the run's ``seed_everything``).
         kl_controller: drives the reward-side KL coefficient, starting at ``actor.kl_ctl``:
             ``fixed`` or ``adaptive`` (Ziegler et al. 2019, with ``target`` and ``horizon``).
+        evaluation: held-out prompts of ``validate``, ``test``, ``predict`` and of validation
+            during ``fit`` (greedy reward, pass@k).
+        sample_log: a few responses logged as text every N training steps.
     """
 
     def __init__(self, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
@@ -224,7 +230,9 @@ class PPOModule(pl.LightningModule):
                  prm: PRMConfig = PRMConfig(),
                  advantage_module: str = "lightning_adv.AdvantageModule",
                  seed: Optional[int] = None,
-                 kl_controller: KLControllerConfig = KLControllerConfig()):
+                 kl_controller: KLControllerConfig = KLControllerConfig(),
+                 evaluation: EvalConfig = EvalConfig(),
+                 sample_log: SampleLogConfig = SampleLogConfig()):
         super().__init__()
         self.automatic_optimization = False
         self.actor_config = _as(ActorConfig, actor, "actor")
@@ -233,10 +241,13 @@ class PPOModule(pl.LightningModule):
         self.task_config = _as(TaskConfig, task, "task")
         self.prm_config = _as(PRMConfig, prm, "prm")
         self.kl_controller_config = _as(KLControllerConfig, kl_controller, "kl_controller")
+        self.eval_config = _as(EvalConfig, evaluation, "evaluation")
+        self.sample_log_config = _as(SampleLogConfig, sample_log, "sample_log")
         check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
         self.save_hyperparameters(module_hparams(
             self.actor_config, self.policy_config, self.ppo_config, self.task_config,
-            self.prm_config, advantage_module, seed, self.kl_controller_config))
+            self.prm_config, advantage_module, seed, self.kl_controller_config,
+            self.eval_config, self.sample_log_config))
 
         self.runtime = TaskRuntime(self.task_config)
         self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
@@ -267,6 +278,8 @@ class PPOModule(pl.LightningModule):
         self.loss_fn = ppo_loss(self.ppo_config, self.max_new_tokens * self.runtime.task.max_turns)
         self.metrics = StepMetrics(critic=self.critic)
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
+        self.eval_metrics = nn.ModuleDict({stage: EvalMetrics(self.eval_config.pass_k)
+                                           for stage in EVAL_STAGES})
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators"""
         self.reward_history: list[float] = []
@@ -327,6 +340,55 @@ class PPOModule(pl.LightningModule):
             warnings.warn(f"seed: the checkpoint was trained with seed {saved}, this run uses "
                           f"{self.seed}; the resumed steps will not reproduce the original run",
                           stacklevel=2)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def val_dataloader(self) -> Any:
+        return held_out_loader("val", self.task_config.num_prompts, self.eval_config) \
+            if self.eval_config.num_prompts else []
+
+    def test_dataloader(self) -> Any:
+        return held_out_loader("test", self.task_config.num_prompts, self.eval_config) \
+            if self.eval_config.num_prompts else []
+
+    def predict_dataloader(self) -> Any:
+        return self.test_dataloader()
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self._evaluation_step(batch, batch_idx, "val")
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        self._evaluation_step(batch, batch_idx, "test")
+
+    def predict_step(self, batch: Tensor, batch_idx: int) -> list[dict[str, Any]]:
+        return prediction_records(*self.evaluate(batch.tolist(), "predict", batch_idx))
+
+    @torch.no_grad()
+    def evaluate(self, indices: list[int], stage: str, batch_idx: int
+                 ) -> tuple[list[list[Any]], list[list[Any]]]:
+        """One greedy and ``evaluation.n_samples`` sampled episodes per prompt, scored."""
+        gen = generator(self.seed, "eval", stage, batch_idx, self.global_rank)
+        common = dict(max_new_tokens=self.max_new_tokens, temperature=self.ppo_config.temperature,
+                      gen=gen, kv_cache=self.ppo_config.kv_cache)
+        greedy = generate(self.policy, self.runtime, indices, 1, greedy=True, **common)
+        sampled = generate(self.policy, self.runtime, indices, self.eval_config.n_samples, **common)
+        score(greedy, self.runtime)
+        score(sampled, self.runtime)
+        return greedy, sampled
+
+    def _evaluation_step(self, batch: Tensor, batch_idx: int, stage: str) -> None:
+        greedy, sampled = self.evaluate(batch.tolist(), stage, batch_idx)
+        metrics = self.eval_metrics[stage]
+        metrics.update(greedy, sampled, self.eval_config.success_threshold)
+        for name, metric in metrics.items():
+            self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
+        if batch_idx == 0 and self.sample_log_config.every_n_steps:
+            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count))
+
+    def _log_text(self, tag: str, text: str) -> None:
+        experiment = getattr(self.logger, "experiment", None)
+        if self.global_rank == 0 and hasattr(experiment, "add_text"):
+            experiment.add_text(tag, text, self.rollout_step)
 
     # ------------------------------------------------------------------ the training step
 
@@ -449,6 +511,8 @@ class PPOModule(pl.LightningModule):
                  batch_size=n)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
         self._log_histogram("train/advantages", out["advantages"][m > 0])
+        if self.sample_log_config.due(self.rollout_step):
+            self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
 
     def _apply_kl_coef(self) -> None:
         """The advantage module's reward-side KL coefficient follows the controller."""
@@ -518,12 +582,14 @@ def ppo_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
 
 def module_hparams(actor: ActorConfig, policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig,
                    prm: PRMConfig, advantage_module: str, seed: Optional[int],
-                   kl_controller: KLControllerConfig) -> dict[str, Any]:
+                   kl_controller: KLControllerConfig, evaluation: EvalConfig,
+                   sample_log: SampleLogConfig) -> dict[str, Any]:
     """The module's hyper-parameters as plain YAML types (what checkpoints store)."""
     return {"actor": dataclasses.asdict(actor), "policy": dataclasses.asdict(policy),
             "ppo": dataclasses.asdict(ppo), "task": dataclasses.asdict(task),
             "prm": dataclasses.asdict(prm), "advantage_module": advantage_module, "seed": seed,
-            "kl_controller": dataclasses.asdict(kl_controller)}
+            "kl_controller": dataclasses.asdict(kl_controller),
+            "evaluation": dataclasses.asdict(evaluation), "sample_log": dataclasses.asdict(sample_log)}
 
 
 def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
@@ -566,9 +632,9 @@ def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
     """What one training step's rollout must hold for the config to make sense."""
     grouped = group_settings(actor)
     if grouped and ppo.n_samples < 2:
-        raise ValueError(f"ppo.n_samples: {', '.join(grouped)} compare the responses of one "
-                         f"prompt, so each prompt needs at least 2 samples (with 1, every "
-                         f"advantage is 0), got {ppo.n_samples}")
+        raise ValueError(f"ppo.n_samples: each prompt needs at least 2 samples, because "
+                         f"{', '.join(grouped)} work within each prompt's group of responses "
+                         f"(with 1 sample every advantage is 0), got {ppo.n_samples}")
     if task.num_prompts < ppo.prompts_per_step:
         raise ValueError(f"task.num_prompts: the pool ({task.num_prompts}) is smaller than one "
                          f"step's prompts (ppo.prompts_per_step={ppo.prompts_per_step})")
@@ -614,6 +680,8 @@ def validate_model_config(values: Mapping[str, Any],
     task = _as(TaskConfig, values.get("task"), "task")
     prm = _as(PRMConfig, values.get("prm"), "prm")
     kl_controller = _as(KLControllerConfig, values.get("kl_controller"), "kl_controller")
+    evaluation = _as(EvalConfig, values.get("evaluation"), "evaluation")
+    sample_log = _as(SampleLogConfig, values.get("sample_log"), "sample_log")
     check_trainer_options(actor, prm, kl_controller)
     runtime = TaskRuntime(task)
     max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
@@ -623,4 +691,5 @@ def validate_model_config(values: Mapping[str, Any],
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
     build_advantage_module(path, actor)
-    return module_hparams(actor, policy, ppo, task, prm, path, values.get("seed"), kl_controller)
+    return module_hparams(actor, policy, ppo, task, prm, path, values.get("seed"), kl_controller,
+                          evaluation, sample_log)

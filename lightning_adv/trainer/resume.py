@@ -11,6 +11,7 @@ where it is not (a different network).
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -53,6 +54,8 @@ def describe(differences: list[tuple[str, Any, Any]], prefix: str = "model.") ->
 def load_checkpoint_info(path: str) -> dict[str, Any]:
     """``{"hparams": ..., "step": ...}`` of a Lightning checkpoint: its stored
     hyper-parameters and the training steps it holds (memory-mapped, on CPU)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a torch.save archive")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     hparams = dict(checkpoint.get("hyper_parameters", {}) or {})
     hparams.pop("_instantiator", None)

@@ -1,0 +1,167 @@
+"""Evaluation on held-out prompts: ``validate``, ``test``, ``predict``, and validation
+during ``fit`` (every ``trainer.val_check_interval`` steps, else at the end of each epoch).
+
+The held-out prompts come from the task's own generator, at pool indices the training
+pool never uses: the validation set is indices ``task.num_prompts ..
+task.num_prompts + evaluation.num_prompts - 1``, the test set (also ``predict``'s) the
+next ``evaluation.num_prompts``. A task with few distinct instances (``addition`` has 100)
+may repeat a training instance under a new index.
+
+Each prompt gets one greedy response and ``evaluation.n_samples`` sampled ones (at
+``ppo.temperature``). Logged as ``val/...`` or ``test/...``: ``reward_greedy`` and
+``solved_greedy`` (the greedy response), ``reward_mean`` (over the samples) and
+``pass@k`` for each ``k`` of ``evaluation.pass_k``: the unbiased estimator of Chen et al.
+(2021) over the ``n`` samples, a prompt counting as solved when a response's task reward
+is at least ``evaluation.success_threshold``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+from torchmetrics import MeanMetric
+
+from lightning_adv.trainer.callbacks import free_path
+from lightning_adv.validators import check_int, check_number, fail
+
+STAGES = ("val", "test")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: ``validate``, ``test``, ``predict`` and validation during ``fit``."""
+
+    num_prompts: int = 64
+    """held-out prompts in each of the validation and the test set (0: no evaluation, and
+    fit runs no validation)"""
+    n_samples: int = 4
+    """sampled responses per prompt (at ppo.temperature) for reward_mean and pass@k"""
+    pass_k: list[int] = field(default_factory=lambda: [1, 4])
+    """the k of each logged pass@k (each at most n_samples)"""
+    success_threshold: float = 1.0
+    """a response whose task reward is at least this solves its prompt"""
+    prompts_per_batch: int = 32
+    """held-out prompts per evaluation batch"""
+    predictions: Optional[str] = None
+    """file predict writes its JSON lines to (null: predictions.jsonl in the run directory);
+    an existing file is never overwritten (a free name is used)"""
+
+    def __post_init__(self) -> None:
+        check_int("evaluation.num_prompts", self.num_prompts, minimum=0)
+        check_int("evaluation.n_samples", self.n_samples)
+        check_int("evaluation.prompts_per_batch", self.prompts_per_batch)
+        check_number("evaluation.success_threshold", self.success_threshold)
+        if not isinstance(self.pass_k, (list, tuple)):
+            fail("evaluation.pass_k", "a list of positive integers", self.pass_k)
+        for k in self.pass_k:
+            check_int("evaluation.pass_k", k, maximum=self.n_samples)
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``correct`` solve the prompt:
+    ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` of the samples drawn without
+    replacement hold a solution (Chen et al. 2021)."""
+    if not 0 < k <= n or not 0 <= correct <= n:
+        raise ValueError(f"pass_at_k: expected 0 <= correct <= n and 0 < k <= n, got n={n}, "
+                         f"correct={correct}, k={k}")
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+class HeldOutPrompts(Dataset):
+    """Pool indices ``start .. start + count - 1`` (never in the training pool)."""
+
+    def __init__(self, start: int, count: int):
+        self.start, self.count = start, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        return self.start + index
+
+
+def held_out_loader(stage: str, train_prompts: int, config: EvalConfig) -> DataLoader:
+    """The loader of ``stage`` ("val", or "test" which ``predict`` uses too)."""
+    offset = train_prompts + (config.num_prompts if stage == "test" else 0)
+    return DataLoader(HeldOutPrompts(offset, config.num_prompts),
+                      batch_size=config.prompts_per_batch, shuffle=False)
+
+
+class EvalMetrics(nn.Module):
+    """The means of one evaluation stage; logged through Lightning, which computes (synced
+    across ranks) and resets them at the end of the stage."""
+
+    def __init__(self, pass_k: Sequence[int]):
+        super().__init__()
+        names = ["reward_greedy", "solved_greedy", "reward_mean"] + [f"pass@{k}" for k in pass_k]
+        self.pass_k = list(pass_k)
+        self.means = nn.ModuleDict({name.replace("@", "_at_"): MeanMetric() for name in names})
+
+    def update(self, greedy: Sequence[Sequence[Any]], sampled: Sequence[Sequence[Any]],
+               threshold: float) -> None:
+        """``greedy``/``sampled``: per prompt, its scored episodes."""
+        first = torch.tensor([group[0].reward for group in greedy], dtype=torch.float64)
+        self.means["reward_greedy"].update(first)
+        self.means["solved_greedy"].update((first >= threshold).double())
+        rewards = torch.tensor([[ep.reward for ep in group] for group in sampled], dtype=torch.float64)
+        self.means["reward_mean"].update(rewards.mean(1))
+        n, correct = rewards.shape[1], (rewards >= threshold).sum(1).tolist()
+        for k in self.pass_k:
+            values = torch.tensor([pass_at_k(n, c, k) for c in correct], dtype=torch.float64)
+            self.means[f"pass_at_{k}"].update(values)
+
+    def items(self) -> list[tuple[str, MeanMetric]]:
+        return [(name.replace("_at_", "@"), metric) for name, metric in self.means.items()]
+
+
+def prediction_records(greedy: Sequence[Sequence[Any]], sampled: Sequence[Sequence[Any]]
+                       ) -> list[dict[str, Any]]:
+    """One JSON-able record per response: the greedy one first, then the samples."""
+    records = []
+    for greedy_group, group in zip(greedy, sampled):
+        for number, ep in [(None, greedy_group[0])] + list(enumerate(group)):
+            records.append({"prompt_index": ep.index, "prompt": ep.sample.prompt,
+                            "response": ep.sample.response, "reward": ep.reward,
+                            "greedy": number is None, "sample": number})
+    return records
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes ``predict``'s records as JSON lines as the batches come (rank ``r`` > 0 of a
+    distributed run writes ``<name>.rank<r>.jsonl`` beside rank 0's file)."""
+
+    def __init__(self, path: Optional[str] = None):
+        super().__init__(write_interval="batch")
+        self.path = path
+        self.written: Optional[str] = None
+        self.lines = 0
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        configured = self.path or getattr(getattr(pl_module, "eval_config", None), "predictions", None)
+        if configured is None:
+            configured = os.path.join(trainer.log_dir or trainer.default_root_dir, "predictions.jsonl")
+        if trainer.global_rank:
+            stem, ext = os.path.splitext(configured)
+            configured = f"{stem}.rank{trainer.global_rank}{ext}"
+        os.makedirs(os.path.dirname(os.path.abspath(configured)), exist_ok=True)
+        self.written = str(free_path(os.path.dirname(os.path.abspath(configured)),
+                                     os.path.basename(configured)))
+        open(self.written, "x").close()
+
+    def write_on_batch_end(self, trainer: Any, pl_module: Any, prediction: Any,
+                           batch_indices: Optional[Sequence[int]], batch: Tensor,
+                           batch_idx: int, dataloader_idx: int) -> None:
+        with open(self.written, "a") as f:
+            for record in prediction:
+                f.write(json.dumps(record) + "\n")
+                self.lines += 1

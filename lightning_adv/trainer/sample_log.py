@@ -1,0 +1,43 @@
+"""A few sampled responses as text in TensorBoard (its TEXT tab), every N training steps:
+one table of prompt, response and task reward, the first response of each of the first
+``count`` prompt groups; validation logs its greedy responses the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from lightning_adv.validators import check_int
+
+
+@dataclass(frozen=True)
+class SampleLogConfig:
+    """Sampled responses logged as text (TensorBoard's TEXT tab)."""
+
+    every_n_steps: int = 50
+    """log a table of responses every this many training steps, the first step included
+    (0: never)"""
+    count: int = 4
+    """prompts shown per table (the first response of each)"""
+
+    def __post_init__(self) -> None:
+        check_int("sample_log.every_n_steps", self.every_n_steps, minimum=0)
+        check_int("sample_log.count", self.count)
+
+    def due(self, step: int) -> bool:
+        return self.every_n_steps > 0 and step % self.every_n_steps == 0
+
+
+def _cell(text: str) -> str:
+    # Markdown table cells: a pipe would end the cell; angle brackets would vanish as HTML.
+    escaped = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return f"`{escaped}`" if escaped else "(empty)"
+
+
+def samples_markdown(groups: Sequence[Sequence[Any]], count: int) -> str:
+    """A Markdown table of the first episode of each of the first ``count`` groups."""
+    lines = ["| prompt | response | reward |", "|---|---|---|"]
+    for group in list(groups)[:count]:
+        ep = group[0]
+        lines.append(f"| {_cell(ep.sample.prompt)} | {_cell(ep.sample.response)} | {ep.reward:.3f} |")
+    return "\n".join(lines)
