@@ -65,6 +65,11 @@ class PPOConfig:
     """token limit of one policy turn (null: the task's default)"""
     temperature: float = 1.0
     """sampling temperature; log-probs in the loss use the same temperature"""
+    top_k: int = 0
+    """sample from the k most likely tokens only (0: all; a Hugging Face policy only)"""
+    top_p: float = 1.0
+    """sample from the smallest set of tokens whose probability reaches top_p (1.0: all; a
+    Hugging Face policy only). Log-probs in the loss are those of the full distribution"""
     epochs: int = 2
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
@@ -113,6 +118,8 @@ class PPOConfig:
             check_int(f"ppo.{name}", getattr(self, name))
         if self.max_new_tokens is not None:
             check_int("ppo.max_new_tokens", self.max_new_tokens)
+        check_int("ppo.top_k", self.top_k, minimum=0)
+        check_number("ppo.top_p", self.top_p, positive=True, maximum=1.0)
         for name in ("temperature", "clip_eps", "lr"):
             check_number(f"ppo.{name}", getattr(self, name), positive=True)
         for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
@@ -236,24 +243,37 @@ class PPOModule(pl.LightningModule):
             "advantage_module": advantage_module, "seed": seed,
             "kl_controller": dataclasses.asdict(self.kl_controller_config)})
 
-        self.runtime = TaskRuntime(self.task_config)
+        hf = check_hf_options(self.policy_config, self.ppo_config, self.task_config)
+        self.runtime = TaskRuntime(self.task_config, tokenizer=hf.tokenizer if hf else None)
         self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
                                                        self.policy_config)
+        if hf is not None:
+            self.runtime.context_window = hf.context_window
+            self.runtime.episode_budget = episode_budget(self.runtime, self.max_new_tokens)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
         vocab = self.runtime.vocab
         self._seed = seed
+        self.hf_tokenizer = hf.tokenizer.tokenizer if hf is not None else None
         # The initial weights come from the run's seed too, not from whatever the global RNG
         # holds: the same seed gives the same policy, whatever ran before.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "init"))
-            self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
-                                            banned_tokens=(vocab.pad_id, vocab.bos_id))
+        if hf is not None:
+            from lightning_adv.trainer.hf_policy import build_hf_policy
+
+            self.policy = build_hf_policy(self.policy_config, seed=derive_seed(self.seed, "init"))
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.seed, "init"))
+                self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
+                                                banned_tokens=(vocab.pad_id, vocab.bos_id))
         self.critic = self.policy_config.value_head
-        self.ref_policy: Optional[CausalTransformer] = None
+        self.ref_policy: Any = None
         if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0:
-            self.ref_policy = copy.deepcopy(self.policy)
-            self.ref_policy.value_head = None
-            self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
+            if hf is not None:
+                self.ref_policy = self.policy.reference()  # under LoRA: adapters disabled
+            else:
+                self.ref_policy = copy.deepcopy(self.policy)
+                self.ref_policy.value_head = None
+                self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
         self.advantage = build_advantage_module(advantage_module, self.actor_config)
         self.scorers = [(f"prm.scorers[{i}] {s.path!r}",
                          resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
@@ -286,7 +306,7 @@ class PPOModule(pl.LightningModule):
                                  fused=self.device.type in ("cpu", "cuda"))
 
     def train_dataloader(self) -> PromptLoader:
-        dataset = PromptDataset(self.task_config.num_prompts)
+        dataset = PromptDataset(self.runtime.num_prompts)
         sampler = PromptSampler(dataset, self.ppo_config.prompts_per_step,
                                 num_replicas=self.trainer.world_size,
                                 rank=self.trainer.global_rank, seed=self.seed)
@@ -298,8 +318,33 @@ class PPOModule(pl.LightningModule):
         self._loader = PromptLoader(dataset, sampler)
         return self._loader
 
+    def on_fit_start(self) -> None:
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import check_device_dtype
+
+            check_device_dtype(self.policy_config.dtype, self.device)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
+        self.save_hf_model()
+
+    def on_train_end(self) -> None:
+        self.save_hf_model()
+
+    @property
+    def hf_model_dir(self) -> Optional[str]:
+        """Where the Hugging Face policy is saved: ``<run directory>/hf_model`` (None for the
+        built-in policy)."""
+        if self.hf_tokenizer is None or self._trainer is None:
+            return None
+        return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "hf_model")
+
+    def save_hf_model(self) -> None:
+        """Write the policy with ``save_pretrained`` (rank 0), with each checkpoint and at the
+        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``."""
+        directory = self.hf_model_dir
+        if directory is not None and self.trainer.is_global_zero:
+            self.policy.save_pretrained(directory, self.hf_tokenizer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_adv", {})
@@ -335,9 +380,17 @@ class PPOModule(pl.LightningModule):
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
         """Sample and score ``n_samples`` episodes for each prompt index."""
         self.policy.eval()
-        groups = generate(self.policy, self.runtime, indices, self.ppo_config.n_samples,
-                          self.max_new_tokens, self.ppo_config.temperature, gen,
-                          kv_cache=self.ppo_config.kv_cache)
+        cfg = self.ppo_config
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+            groups = hf_generate(self.policy, self.runtime, indices, cfg.n_samples,
+                                 self.max_new_tokens,
+                                 SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p), gen,
+                                 kv_cache=cfg.kv_cache)
+        else:
+            groups = generate(self.policy, self.runtime, indices, cfg.n_samples,
+                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache)
         self.policy.train()
         score(groups, self.runtime, self.scorers)
         return groups
@@ -462,6 +515,28 @@ class PPOModule(pl.LightningModule):
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
 
 
+def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
+    """A pretrained policy's setup (files, config, tokenizer; no weights loaded), or None for
+    the built-in policy, whose sampler has no top-k / top-p."""
+    if policy.pretrained is None:
+        for name, off in (("top_k", 0), ("top_p", 1.0)):
+            if getattr(ppo, name) != off:
+                raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
+                                 f"(policy.pretrained) only; the built-in policy samples from "
+                                 f"the full distribution")
+        return None
+    from lightning_adv.trainer.hf_policy import check_hf_policy
+
+    return check_hf_policy(policy, task.chat_template)
+
+
+def episode_budget(runtime: TaskRuntime, max_new_tokens: int) -> int:
+    """Tokens an episode may add to its prompt: every turn's limit and the replies between
+    (counted in the task's symbols; a chat template's framing is checked while sampling)."""
+    task = runtime.task
+    return task.max_turns * max_new_tokens + (task.max_turns - 1) * task.max_reply_len
+
+
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
     """Tokens per policy turn and the policy's sequence length; the length must fit the
     task's longest episode."""
@@ -525,8 +600,19 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     prm = _as(PRMConfig, values.get("prm"), "prm")
     kl_controller = _as(KLControllerConfig, values.get("kl_controller"), "kl_controller")
     check_trainer_options(actor, prm, kl_controller)
-    runtime = TaskRuntime(task)
+    hf = check_hf_options(policy, ppo, task)
+    if hf is not None and policy.dtype == "float16" and not torch.cuda.is_available():
+        from lightning_adv.trainer.hf_policy import check_device_dtype
+
+        check_device_dtype(policy.dtype, "cpu")
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
     max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
+    if hf is not None:
+        runtime.context_window = hf.context_window
+        runtime.episode_budget = episode_budget(runtime, max_new_tokens)
+    # A dataset's every line (a missing prompt, one too long for the model) fails here,
+    # before training; drawn tasks check the prompts of the first steps.
+    runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
     check_length_penalty(actor, runtime, max_new_tokens)
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")

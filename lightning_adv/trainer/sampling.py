@@ -47,7 +47,7 @@ class Episode:
 
     @property
     def truncated(self) -> bool:
-        return bool(self.turns) and not self.turns[-1].eos
+        return bool(self.turns) and not self.turns[-1].ended
 
 
 @torch.no_grad()
