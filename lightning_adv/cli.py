@@ -61,6 +61,8 @@ def main(args: ArgsType = None) -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     # The post-update state is what a checkpoint of a finished PPO step should hold.
     warnings.filterwarnings("ignore", ".*Using ModelCheckpoint with manual optimization.*")
+    # A Hugging Face policy's frozen reference stays in eval mode on purpose.
+    warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_kwargs={"overwrite": True},

@@ -158,3 +158,19 @@ def test_saved_policy_loads_with_auto_model_and_generates(tiny_lm, tmp_path, lor
         tokenizer.eos_token_id, tokenizer.pad_token_id)
     if lora is not None:  # saving a merged copy leaves the training model's adapters alone
         assert any("lora_" in n for n, _ in policy.named_parameters())
+
+
+def test_save_from_a_gathered_state_dict(tiny_lm, tmp_path):
+    """Under FSDP the trainer passes the gathered full state dict; it is what is written."""
+    policy = build_hf_policy(policy_config(tiny_lm, value_head=True), seed=0)
+    trained = build_hf_policy(policy_config(tiny_lm, value_head=True), seed=0)
+    perturb(trained)
+    out = policy.save_pretrained(tmp_path / "m", AutoTokenizer.from_pretrained(tiny_lm),
+                                 state_dict=trained.state_dict())
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, trained(IDS)[0], atol=1e-5, rtol=1e-5)
+    from safetensors.torch import load_file
+
+    torch.testing.assert_close(load_file(out / "value_head.safetensors")["weight"],
+                               trained.value_head.weight)

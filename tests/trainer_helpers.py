@@ -88,3 +88,26 @@ class RecordingAdvantageModule(AdvantageModule):
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
+
+
+class BatchRecordingAdvantageModule(AdvantageModule):
+    """Saves each call's input batch (one dict per prompt, as ``split_batch`` returns it)
+    and its advantages to ``$LIGHTNING_ADV_RECORD/rank<r>_call<n>.pt``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.calls = 0
+
+    def forward(self, batch, meta=None, *, prm=None):
+        import os
+        import torch.distributed as dist
+        from lightning_adv.meta import split_batch
+
+        out = super().forward(batch, meta, prm=prm)
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        record = {"inputs": split_batch({k: v.cpu() for k, v in batch.items()}, meta),
+                  "advantages": out["advantages"].cpu(), "loss_mask": out["loss_mask"].cpu()}
+        torch.save(record, os.path.join(os.environ["LIGHTNING_ADV_RECORD"],
+                                        f"rank{rank}_call{self.calls}.pt"))
+        self.calls += 1
+        return out

@@ -232,34 +232,52 @@ class HFPolicy(nn.Module):
                          logits_to_keep=1)
         return out.logits, out.cache
 
-    def reference(self) -> "AdapterDisabledReference | HFPolicy":
+    def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
         """The reference policy: under LoRA this model with its adapters disabled, else a
         frozen copy of it as it is now (call before training)."""
         if self.lora is not None:
             return AdapterDisabledReference(self)
-        reference = HFPolicy(copy.deepcopy(self.model))
+        reference = FrozenHFPolicy(copy.deepcopy(self.model))
         reference.requires_grad_(False)
         return reference.eval()
 
     @torch.no_grad()
-    def save_pretrained(self, directory: str | Path, tokenizer: Any) -> Path:
+    def save_pretrained(self, directory: str | Path, tokenizer: Any,
+                        state_dict: Optional[dict[str, Tensor]] = None) -> Path:
         """Write the policy for inference: ``AutoModelForCausalLM.from_pretrained(directory)``
         loads it (an adapter directory loads through ``peft``). The value head, when there
-        is one, goes to ``value_head.safetensors``."""
+        is one, goes to ``value_head.safetensors``. ``state_dict``: this module's full
+        state (gathered from shards under FSDP) instead of its own parameters."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
         model = self.model
         if self.lora is not None and self.lora.save == "merged":
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(directory)
+            model.save_pretrained(directory)
+        else:
+            model.save_pretrained(directory, state_dict=_part(state, "model.")
+                                  if state_dict is not None else None)
         tokenizer.save_pretrained(directory)
         if self.value_head is not None:
-            state = {k: v.detach().float().cpu().contiguous()
-                     for k, v in self.value_head.state_dict().items()}
-            save_file(state, str(directory / "value_head.safetensors"))
+            head = {k: v.detach().float().cpu().contiguous()
+                    for k, v in _part(state, "value_head.").items()}
+            save_file(head, str(directory / "value_head.safetensors"))
         return directory
+
+
+def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+class FrozenHFPolicy(HFPolicy):
+    """A reference copy: no gradients, and always in eval mode (no dropout), whatever
+    ``train()`` calls reach it."""
+
+    def train(self, mode: bool = True) -> "FrozenHFPolicy":
+        return super().train(False)
 
 
 class AdapterDisabledReference:

@@ -74,18 +74,18 @@ class _Rows:
 
     def next_logits(self, active: Sequence[int]) -> Tensor:
         """Feed every active row its pending tokens; the next-token logits of those rows."""
-        size, width = len(self.read), max(len(self.pending[r]) for r in active)
-        ids = torch.full((size, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((size, width), dtype=torch.long)
-        positions = torch.zeros((size, width), dtype=torch.long)
-        for r in active:
-            chunk, n = self.pending[r], len(self.pending[r])
-            ids[r, width - n:] = torch.tensor(chunk)
-            mask[r, width - n:] = 1
-            positions[r, width - n:] = torch.arange(self.read[r], self.read[r] + n)
-            positions[r, : width - n] = self.read[r]  # padding: any valid position
+        width = max(len(self.pending[r]) for r in active)
+        ids, mask, positions = [], [], []
+        for r, chunk in enumerate(self.pending):  # rows not active have nothing pending
+            n, start = len(chunk), self.read[r]
+            ids.append([self.pad_id] * (width - n) + chunk)
+            mask.append([0] * (width - n) + [1] * n)
+            # padding takes the row's next position: any valid one would do, it is masked
+            positions.append([start] * (width - n) + list(range(start, start + n)))
             self.read[r] += n
-            self.pending[r] = []
+        self.pending = [[] for _ in self.pending]
+        ids, mask, positions = (torch.tensor(x, dtype=torch.long)
+                                for x in (ids, mask, positions))
         ids, mask, positions = (t.to(self.device) for t in (ids, mask, positions))
         self.masks.append(mask)
         attention = torch.cat(self.masks, dim=1)
@@ -141,7 +141,7 @@ def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_sam
             if eos or stop is not None or len(turn_tokens[r]) >= max_new_tokens:
                 reply = _end_turn(ep, turn_tokens[r], eos, stop, runtime)
                 turn_tokens[r] = []
-                rows.pending[r] = [token] + reply
+                rows.pending[r] = [] if ep.done else [token] + reply
             else:
                 rows.pending[r] = [token]
     return [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]

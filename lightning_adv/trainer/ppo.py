@@ -300,10 +300,12 @@ class PPOModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         # The fused kernel updates all parameters in one pass: the same update (to float
-        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU.
+        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU. Lightning's
+        # mixed precision refuses to clip the gradients of a fused optimizer.
+        mixed = "mixed" in str(getattr(self._trainer, "precision", "") or "")
         return torch.optim.AdamW(params, lr=self.ppo_config.lr,
                                  weight_decay=self.ppo_config.weight_decay,
-                                 fused=self.device.type in ("cpu", "cuda"))
+                                 fused=self.device.type in ("cpu", "cuda") and not mixed)
 
     def train_dataloader(self) -> PromptLoader:
         dataset = PromptDataset(self.runtime.num_prompts)
@@ -323,6 +325,9 @@ class PPOModule(pl.LightningModule):
             from lightning_adv.trainer.hf_policy import check_device_dtype
 
             check_device_dtype(self.policy_config.dtype, self.device)
+            if self._fsdp() and self.policy_config.lora is not None:
+                raise ValueError("policy.lora: LoRA under the FSDP strategy is not supported "
+                                 "(saving would need the sharded adapters merged); use DDP")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
@@ -339,12 +344,24 @@ class PPOModule(pl.LightningModule):
             return None
         return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "hf_model")
 
+    def _fsdp(self) -> bool:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy)
+
     def save_hf_model(self) -> None:
         """Write the policy with ``save_pretrained`` (rank 0), with each checkpoint and at the
-        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``."""
+        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``.
+        Under FSDP every rank takes part in gathering the full state dict first."""
         directory = self.hf_model_dir
-        if directory is not None and self.trainer.is_global_zero:
-            self.policy.save_pretrained(directory, self.hf_tokenizer)
+        if directory is None:
+            return
+        state = None
+        if self._fsdp():  # collective: the full, unsharded weights, on rank 0 only
+            full = self.trainer.strategy.lightning_module_state_dict()
+            state = {k[len("policy."):]: v for k, v in full.items() if k.startswith("policy.")}
+        if self.trainer.is_global_zero:
+            self.policy.save_pretrained(directory, self.hf_tokenizer, state_dict=state)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_adv", {})
