@@ -206,9 +206,13 @@ def test_bad_hf_input_is_a_usage_error_naming_the_key(config, override, message,
     assert re.search(message, err), err[-2000:]
 
 
-def test_top_k_needs_a_hf_policy():
+def test_top_k_top_p_and_stop_strings_need_a_hf_policy():
     with pytest.raises(ValueError, match="ppo.top_k: supported with a Hugging Face policy"):
         PPOModule(ppo=PPOConfig(top_k=5))
+    with pytest.raises(ValueError, match="ppo.top_p: supported with a Hugging Face policy"):
+        PPOModule(ppo=PPOConfig(top_p=0.9))
+    with pytest.raises(ValueError, match="task.stop_strings: supported with a Hugging Face"):
+        PPOModule(task=TaskConfig(stop_strings=["="]))
 
 
 @pytest.mark.cuda

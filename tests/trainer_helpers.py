@@ -78,36 +78,27 @@ class RecordingAdvantageModule(AdvantageModule):
         super().__init__(config)
         self.calls = 0
 
+    def record(self, batch, meta, out):
+        keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
+        return {k: out[k] for k in keep}
+
     def forward(self, batch, meta=None, *, prm=None):
         import os
         import torch.distributed as dist
         out = super().forward(batch, meta, prm=prm)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
-        torch.save({k: out[k] for k in keep},
+        torch.save(self.record(batch, meta, out),
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
 
 
-class BatchRecordingAdvantageModule(AdvantageModule):
-    """Saves each call's input batch (one dict per prompt, as ``split_batch`` returns it)
-    and its advantages to ``$LIGHTNING_ADV_RECORD/rank<r>_call<n>.pt``."""
+class BatchRecordingAdvantageModule(RecordingAdvantageModule):
+    """Records each call's input batch (one dict per prompt, as ``split_batch`` returns it)
+    and its advantages."""
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.calls = 0
-
-    def forward(self, batch, meta=None, *, prm=None):
-        import os
-        import torch.distributed as dist
+    def record(self, batch, meta, out):
         from lightning_adv.meta import split_batch
 
-        out = super().forward(batch, meta, prm=prm)
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        record = {"inputs": split_batch({k: v.cpu() for k, v in batch.items()}, meta),
-                  "advantages": out["advantages"].cpu(), "loss_mask": out["loss_mask"].cpu()}
-        torch.save(record, os.path.join(os.environ["LIGHTNING_ADV_RECORD"],
-                                        f"rank{rank}_call{self.calls}.pt"))
-        self.calls += 1
-        return out
+        return {"inputs": split_batch({k: v.cpu() for k, v in batch.items()}, meta),
+                "advantages": out["advantages"].cpu(), "loss_mask": out["loss_mask"].cpu()}

@@ -244,36 +244,14 @@ class PPOModule(pl.LightningModule):
             "kl_controller": dataclasses.asdict(self.kl_controller_config)})
 
         hf = check_hf_options(self.policy_config, self.ppo_config, self.task_config)
-        self.runtime = TaskRuntime(self.task_config, tokenizer=hf.tokenizer if hf else None)
-        self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
-                                                       self.policy_config)
-        if hf is not None:
-            self.runtime.context_window = hf.context_window
-            self.runtime.episode_budget = episode_budget(self.runtime, self.max_new_tokens)
+        self.runtime, self.max_new_tokens, max_len = task_runtime(
+            self.task_config, self.ppo_config, self.policy_config, hf)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
-        vocab = self.runtime.vocab
         self._seed = seed
         self.hf_tokenizer = hf.tokenizer.tokenizer if hf is not None else None
-        # The initial weights come from the run's seed too, not from whatever the global RNG
-        # holds: the same seed gives the same policy, whatever ran before.
-        if hf is not None:
-            from lightning_adv.trainer.hf_policy import build_hf_policy
-
-            self.policy = build_hf_policy(self.policy_config, seed=derive_seed(self.seed, "init"))
-        else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.seed, "init"))
-                self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
-                                                banned_tokens=(vocab.pad_id, vocab.bos_id))
+        """the Hugging Face policy's tokenizer (saved beside it); None for the built-in policy"""
+        self.policy, self.ref_policy = self._build_policies(max_len)
         self.critic = self.policy_config.value_head
-        self.ref_policy: Any = None
-        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0:
-            if hf is not None:
-                self.ref_policy = self.policy.reference()  # under LoRA: adapters disabled
-            else:
-                self.ref_policy = copy.deepcopy(self.policy)
-                self.ref_policy.value_head = None
-                self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
         self.advantage = build_advantage_module(advantage_module, self.actor_config)
         self.scorers = [(f"prm.scorers[{i}] {s.path!r}",
                          resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
@@ -287,6 +265,28 @@ class PPOModule(pl.LightningModule):
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators"""
         self._loader: Optional[PromptLoader] = None
+
+    def _build_policies(self, max_len: int) -> tuple[torch.nn.Module, Any]:
+        """The policy and, when a KL term needs it, the frozen reference (under LoRA the
+        policy with its adapters disabled). The initial weights come from the run's seed
+        too, not from whatever the global RNG holds: the same seed, the same policy."""
+        need_reference = self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import build_hf_policy
+
+            policy = build_hf_policy(self.policy_config, seed=derive_seed(self.seed, "init"))
+            return policy, policy.reference() if need_reference else None
+        vocab = self.runtime.vocab
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "init"))
+            policy = CausalTransformer(self.policy_config, len(vocab), max_len,
+                                       banned_tokens=(vocab.pad_id, vocab.bos_id))
+        if not need_reference:
+            return policy, None
+        reference = copy.deepcopy(policy)
+        reference.value_head = None
+        reference.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        return policy, reference
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -534,24 +534,37 @@ class PPOModule(pl.LightningModule):
 
 def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
     """A pretrained policy's setup (files, config, tokenizer; no weights loaded), or None for
-    the built-in policy, whose sampler has no top-k / top-p."""
+    the built-in policy, whose sampler has no top-k / top-p and no stop strings."""
     if policy.pretrained is None:
         for name, off in (("top_k", 0), ("top_p", 1.0)):
             if getattr(ppo, name) != off:
                 raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
                                  f"(policy.pretrained) only; the built-in policy samples from "
                                  f"the full distribution")
+        if task.stop_strings:
+            raise ValueError("task.stop_strings: supported with a Hugging Face policy "
+                             "(policy.pretrained) only; the built-in policy's turns end at "
+                             "<eos> or the token limit")
         return None
     from lightning_adv.trainer.hf_policy import check_hf_policy
 
     return check_hf_policy(policy, task.chat_template)
 
 
-def episode_budget(runtime: TaskRuntime, max_new_tokens: int) -> int:
-    """Tokens an episode may add to its prompt: every turn's limit and the replies between
-    (counted in the task's symbols; a chat template's framing is checked while sampling)."""
-    task = runtime.task
-    return task.max_turns * max_new_tokens + (task.max_turns - 1) * task.max_reply_len
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any
+                 ) -> tuple[TaskRuntime, int, int]:
+    """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
+    ``hf``), the tokens per policy turn and the built-in policy's sequence length. With a
+    HF policy every prompt must leave room in the context window for the episode: every
+    turn's limit and the replies between (counted in the task's symbols; a chat
+    template's framing is checked while sampling)."""
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
+    max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
+    if hf is not None:
+        t = runtime.task
+        runtime.context_window = hf.context_window
+        runtime.episode_budget = t.max_turns * max_new_tokens + (t.max_turns - 1) * t.max_reply_len
+    return runtime, max_new_tokens, max_len
 
 
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
@@ -622,11 +635,7 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
         from lightning_adv.trainer.hf_policy import check_device_dtype
 
         check_device_dtype(policy.dtype, "cpu")
-    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
-    max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
-    if hf is not None:
-        runtime.context_window = hf.context_window
-        runtime.episode_budget = episode_budget(runtime, max_new_tokens)
+    runtime, max_new_tokens, _ = task_runtime(task, ppo, policy, hf)
     # A dataset's every line (a missing prompt, one too long for the model) fails here,
     # before training; drawn tasks check the prompts of the first steps.
     runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
