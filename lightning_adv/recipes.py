@@ -1,9 +1,17 @@
 """Estimators from other frameworks, expressed through the pipeline's stages.
 
-Each recipe is a set of ``ActorConfig`` fields, usable under ``model.actor`` in a trainer
-config. This module is the one source: ``configs/advantage/<name>.yaml`` are generated
-from it (``python -m lightning_adv.recipes --write configs/advantage``), and a test keeps
-them in step.
+Each recipe is a set of ``ActorConfig`` fields. This module is the one source:
+``configs/advantage/<name>.yaml`` are generated from it (``python -m lightning_adv.recipes
+--write configs/advantage``), and a test keeps them in step. Three ways to use one:
+
+- ``lightning_adv.recipes.recipe(name, **overrides)`` in Python;
+- ``model.actor.recipe: name`` in a trainer config: the recipe supplies every actor field
+  left at its ``ActorConfig`` default; a field set to another value overrides the recipe
+  (a ``RecipeOverrideWarning`` names each one). The stage tree counts stage by stage
+  (``advantage.process_adv_shaping: gvpo`` keeps the recipe's estimator). A field set to
+  its default value cannot be told from one left unset, so it takes the recipe's value;
+- ``--model.actor=configs/advantage/<name>.yaml``: the files set every field, so they
+  replace a config's whole actor section; flags after it override single fields.
 In the formulas, ``r`` is a row's outcome reward, ``g`` its prompt group, ``G_t`` the
 discounted return-to-go from token ``t``. Critic-free recipes leave ``values`` out of the
 batch, so every generated token of a row gets the row's advantage (gamma = lambda = 1).
@@ -25,12 +33,16 @@ loss, which is the trainer's business, not a reward penalty.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from lightning_adv.config import ActorConfig
+from lightning_adv.config import STAGE_FIELDS, ActorConfig, AdvantageConfig, convert_field
+from lightning_adv.stages import builtin_names, builtin_stage
+from lightning_adv.validators import check_choice
 
 _GROUP_MEAN = {"mean_level": "group", "std_level": None}
 _BATCH_WHITENING = {"mean_level": "batch", "std_level": "batch"}
@@ -77,22 +89,88 @@ SUMMARIES: dict[str, str] = {
 }
 
 
+class RecipeOverrideWarning(UserWarning):
+    """A field set in the config overrides the value of the named recipe (``actor.recipe``)."""
+
+
+def _check_name(name: Any, key: str = "recipe") -> None:
+    check_choice(key, name, tuple(RECIPES))
+
+
 def recipe(name: str, **overrides: Any) -> ActorConfig:
-    """The ``ActorConfig`` of a named recipe, with optional field overrides."""
-    if name not in RECIPES:
-        raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {name!r}")
+    """The ``ActorConfig`` of a named recipe, with optional field overrides (each override
+    wins, whatever its value)."""
+    _check_name(name)
     return ActorConfig(**{**copy.deepcopy(RECIPES[name]), **overrides})
 
 
+def recipe_fields(name: str) -> dict[str, Any]:
+    """Every ``ActorConfig`` field of the recipe (plain values, as in its YAML); ``recipe``
+    itself is left out, so the file stands alone."""
+    fields = dataclasses.asdict(recipe(name))
+    del fields["recipe"]
+    return fields
+
+
+def apply_recipe(config: ActorConfig, key: str = "actor.recipe") -> None:
+    """Fill ``config`` (being built: only from ``ActorConfig.__post_init__``) from its
+    ``recipe``: fields at their default take the recipe's value; other fields stay and,
+    where they differ from the recipe, are named in one :class:`RecipeOverrideWarning`."""
+    _check_name(config.recipe, key)
+    wanted, default = recipe(config.recipe), ActorConfig()
+    overrides = []
+    for f in dataclasses.fields(ActorConfig):
+        if f.name in ("recipe", "advantage"):
+            continue
+        given, own = getattr(config, f.name), getattr(wanted, f.name)
+        if given == getattr(default, f.name):
+            convert_field(config, f.name, own)
+        elif given != own:
+            overrides.append(f"{f.name}={_shown(given)!r} (recipe: {_shown(own)!r})")
+    stages = {}
+    for name in ("compute",) + STAGE_FIELDS:
+        given, own = getattr(config.advantage, name), getattr(wanted.advantage, name)
+        keep = given != getattr(default.advantage, name)
+        stages[name] = given if keep else own
+        if keep and given != own:
+            overrides.append(f"advantage.{name}={_shown(given)!r} (recipe: {_shown(own)!r})")
+    if stages["compute"].implementation != "default":  # a full replacement takes no stages
+        stages.update({name: None for name in STAGE_FIELDS})
+    convert_field(config, "advantage", AdvantageConfig(**stages))
+    if overrides:
+        warnings.warn(f"{key} {config.recipe!r}: the config overrides the recipe's "
+                      f"{'; '.join(overrides)}", RecipeOverrideWarning, stacklevel=4)
+
+
+def _shown(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def critic_free_reason(config: ActorConfig) -> Optional[str]:
+    """Why ``config`` needs no critic, or None: a group-mean reward baseline, or a stage
+    registered with ``replaces_critic`` (its own baseline, or values ignored)."""
+    norm = config.reward_norm
+    if norm is not None and norm.mean_level == "group":
+        return "actor.reward_norm subtracts a group-mean baseline"
+    for family in STAGE_FIELDS:
+        spec = getattr(config.advantage, family)
+        if spec is None or spec.implementation not in builtin_names(family)[1:]:
+            continue
+        if builtin_stage(family, spec.implementation).replaces_critic:
+            return f"actor.advantage.{family} {spec.implementation!r} needs no critic"
+    return None
+
+
 def recipe_yaml(name: str) -> str:
-    """The text of ``configs/advantage/<name>.yaml``, generated from :data:`RECIPES`."""
+    """The text of ``configs/advantage/<name>.yaml``: every field of the recipe."""
     import yaml  # PyYAML comes with jsonargparse
 
-    if name not in RECIPES:
-        raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {name!r}")
-    body = yaml.safe_dump(RECIPES[name], sort_keys=False, default_flow_style=False)
+    _check_name(name)
+    body = yaml.safe_dump(recipe_fields(name), sort_keys=False, default_flow_style=False)
     return (f"# {SUMMARIES[name]}\n"
-            f"# Use under model.actor of a trainer config, or lightning_adv.recipes.recipe({name!r}).\n"
+            f"# Every actor field is set, so --model.actor=configs/advantage/{name}.yaml replaces a\n"
+            f"# config's whole actor section (model.actor.recipe: {name} fills only the fields left\n"
+            f"# at their defaults); in Python: lightning_adv.recipes.recipe({name!r}).\n"
             f"# Generated by `python -m lightning_adv.recipes --write configs/advantage`; edit "
             f"lightning_adv/recipes.py instead.\n{body}")
 

@@ -41,7 +41,7 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
-@register_stage("estimator")
+@register_stage("estimator", replaces_critic=True)
 def reinforce(inputs: TemporalInputs) -> TemporalResult:
     """REINFORCE return-to-go over generated tokens, without a critic.
 

@@ -37,7 +37,7 @@ def _group_sum(values: Tensor, groups: Tensor, n_groups: int) -> Tensor:
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
 
 
-@register_stage("outcome_reward_shaping")
+@register_stage("outcome_reward_shaping", replaces_critic=True)
 def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """OPO: ``r_i - b``, with the length-weighted group baseline ``b = sum(l_j r_j) / sum(l_j)``.
 
@@ -56,7 +56,7 @@ def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     return OutcomeResult(rewards=(r - baseline[groups]).float())
 
 
-@register_stage("outcome_reward_shaping",
+@register_stage("outcome_reward_shaping", replaces_critic=True,
                 kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float = 1e-5) -> OutcomeResult:
     """GPG: ``alpha * (r_i - mean_g(r)) / F``, ``alpha = B / (B - M)``.

@@ -44,6 +44,7 @@ from lightning_adv.kl_control import KLControllerConfig
 from lightning_adv.ppo_loss import KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS, PPOLoss
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
+from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
@@ -227,6 +228,7 @@ class PPOModule(pl.LightningModule):
         self.prm_config = _as(PRMConfig, prm, "prm")
         self.kl_controller_config = _as(KLControllerConfig, kl_controller, "kl_controller")
         check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
+        warn_unused_critic(self.actor_config, self.policy_config)
         self.save_hyperparameters({
             "actor": dataclasses.asdict(self.actor_config),
             "policy": dataclasses.asdict(self.policy_config),
@@ -460,6 +462,16 @@ class PPOModule(pl.LightningModule):
         experiment = getattr(logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
+
+
+def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
+    """A critic-free recipe with a value head: GAE would subtract the critic's values on top
+    of the recipe's own baseline (or train a critic nobody reads)."""
+    reason = critic_free_reason(actor)
+    if policy.value_head and reason is not None:
+        warnings.warn(f"policy.value_head: true, but {reason}; the critic's values are subtracted "
+                      f"as a second baseline or trained for nothing. Set model.policy.value_head: "
+                      f"false for a critic-free recipe", UserWarning, stacklevel=3)
 
 
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
