@@ -67,6 +67,26 @@ RECIPES: dict[str, dict[str, Any]] = {
     "gpg": {**_CRITIC_FREE, "reward_clip": math.inf,
             "advantage": {"outcome_reward_shaping": {"implementation": "gpg"},
                           "estimator": {"implementation": "token_gae"}}},
+    "grpo_passk": {**_CRITIC_FREE, "reward_clip": math.inf,
+                   "advantage": {"outcome_reward_shaping": {"implementation": "passk_baseline"},
+                                 "estimator": {"implementation": "token_gae"}}},
+    "gdpo": {**_CRITIC_FREE, "reward_clip": math.inf, "reward_aggregation": "normalize_then_sum",
+             "reward_norm": {"mean_level": "batch", "std_level": "batch", "eps": 1e-4},
+             "advantage": {"estimator": {"implementation": "token_gae"}}},
+    "grpo_batch_std": {**_CRITIC_FREE, "reward_clip": math.inf,
+                       "advantage": {"outcome_reward_shaping": {
+                           "implementation": "group_mean_batch_std"},
+                           "estimator": {"implementation": "token_gae"}}},
+    "rloo_kl": {**_CRITIC_FREE, "reward_clip": math.inf,
+                "reward_norm": {"mean_level": "group", "mean_leave1out": True, "std_level": None},
+                "advantage": {"outcome_reward_shaping": {"implementation": "sequence_kl",
+                                                         "kwargs": {"beta": 0.05}},
+                              "estimator": {"implementation": "token_gae"}}},
+    "remax": {"kl_ctl": 0.001, "discount": 1.0, "gae_lambda": 1.0, "reward_clip": math.inf,
+              "advantage": {"outcome_reward_shaping": {"implementation": "remax_baseline"},
+                            "estimator": {"implementation": "reinforce"}}},
+    "optimal_token_baseline": {**_CRITIC_FREE, "reward_clip": math.inf,
+                               "advantage": {"estimator": {"implementation": "optimal_token_baseline"}}},
 }
 
 
@@ -86,6 +106,18 @@ SUMMARIES: dict[str, str] = {
         "REINFORCE++-baseline: group-mean reward baseline, then return-to-go whitened over the batch (Hu, 2025, arXiv:2501.03262).",
     "rloo":
         "RLOO: leave-one-out mean of the other logical rollouts of the prompt as baseline (Ahmadian et al., 2024, arXiv:2402.14740).",
+    "grpo_passk":
+        "Pass@k GRPO: only each group's best response gets (r_max - r_second)/(std + eps) (verl's grpo_passk).",
+    "gdpo":
+        "GDPO: each reward column normalized within its group, weighted sum, whitened over the batch (arXiv:2601.05242; TRL's normalize_then_sum).",
+    "grpo_batch_std":
+        "GRPO with batch scaling: group-mean baseline over the std of the whole batch's rewards (TRL's scale_rewards='batch', arXiv:2508.08221).",
+    "rloo_kl":
+        "RLOO with a sequence KL penalty: r - beta * sum(logprobs - ref_logp) before the leave-one-out baseline (TRL's RLOOTrainer).",
+    "remax":
+        "ReMax: the reward of one greedy response per prompt as baseline of the return-to-go (Li et al., 2024, arXiv:2310.10505).",
+    "optimal_token_baseline":
+        "Optimal token baseline: per-step group baseline weighted by the cumulative path variance (verl's optimal_token_baseline).",
 }
 
 
