@@ -153,8 +153,8 @@ def group_mean_batch_std(inputs: OutcomeRewardInputs, *, std_unbiased: bool = Tr
                          eps: float = 1e-4) -> OutcomeResult:
     """``(r_i - mean_g r) / (std_batch r + eps)``: a group-mean baseline scaled by the
     standard deviation of the raw rewards over the whole batch, around the batch mean
-    (TRL's ``scale_rewards="batch"``, from Liu et al., 2025, "Part I: Tricks or Traps? A
-    Deep Dive into RL for LLM Reasoning", arXiv:2508.08221). The batch sums are reduced
+    (TRL's ``scale_rewards="batch"``, which cites the PPO Lite paper, arXiv:2508.08221).
+    The batch sums are reduced
     over the data-parallel group, so the std is global under DDP; a batch of one row
     has std 1 (unbiased) like the pipeline's normalization.
     """
