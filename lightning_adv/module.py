@@ -67,6 +67,18 @@ class AdvantageModule(nn.Module):
         if isinstance(config.gae_lambda, str):
             resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
 
+    @property
+    def required_batch_keys(self) -> frozenset[str]:
+        """Optional batch keys the configured built-in stages read (their
+        ``register_stage(requires=...)``), e.g. ``sum_pi_squared`` or ``reward_baselines``:
+        a trainer computes them only when some stage asks."""
+        keys: set[str] = set()
+        for name in ("outcome", "estimator", "process"):
+            stage = getattr(self, name, None)
+            if isinstance(stage, Stage) and stage.builtin and stage.fn is not None:
+                keys.update(builtin_stage(stage.family, stage.implementation).requires)
+        return frozenset(keys)
+
     # ------------------------------------------------------------------ entry point
 
     @torch.no_grad()

@@ -84,6 +84,7 @@ class RecordingAdvantageModule(AdvantageModule):
         out = super().forward(batch, meta, prm=prm)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
+        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
         torch.save({k: out[k] for k in keep},
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
