@@ -91,7 +91,7 @@ def _check_finite_logp(key: str, x: Tensor) -> bool:
     exceeds :data:`LOGP_TOLERANCE`. One min/max pass decides both in the common case
     (NaN propagates to both, -inf shows in the min, +inf in the max) with one host sync;
     only a tensor above the tolerance gets the exact check at active positions later."""
-    low, high = torch.stack(torch.aminmax(x)).double().tolist()
+    low, high = torch.stack(torch.aminmax(x)).tolist()
     if not (abs(low) < float("inf") and abs(high) < float("inf")):
         _report_non_finite(key, x)
     return high > LOGP_TOLERANCE

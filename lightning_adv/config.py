@@ -233,9 +233,9 @@ class ActorConfig:
     reward_bias: float = 0.0
     """added to each outcome reward before scaling"""
     reward_scaling: float = 1.0
-    """multiplies the biased outcome reward"""
+    """multiplies the biased outcome reward (non-zero; negative turns a cost into a reward)"""
     reward_clip: float = 20.0
-    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    """scaled rewards are clipped to [-reward_clip, reward_clip] (> 0, .inf: no clipping)"""
     reward_norm: Optional[NormConfig] = None
     """normalization of outcome rewards (null: off)"""
     adv_norm: Optional[NormConfig] = None
@@ -249,7 +249,7 @@ class ActorConfig:
     gae_lambda: Union[float, str] = 1.0
     """GAE lambda: a number in [0, 1] or the dotted path of a per-row lambda function"""
     gae_lambda_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments of the lambda function (ignored for a number)"""
+    """keyword arguments of the lambda function (a number takes none: any given warn)"""
     gae_timestep_unit: Literal["token", "turn"] = "token"
     """GAE timestep for the auto estimator: "token" or "turn" (needs turn_ids)"""
     mask_no_eos_with_zero: bool = False
@@ -259,9 +259,9 @@ class ActorConfig:
     overlong_reward_penalty: bool = False
     """apply the DAPO overlong length penalty to outcome rewards"""
     overlong_tokens: Optional[int] = None
-    """length of the soft penalty window before max_new_tokens"""
+    """length of the soft penalty window before max_new_tokens (with the penalty off: null, or it warns)"""
     overlong_penalty_factor: Optional[float] = None
-    """penalty at max_new_tokens (grows linearly over the window and beyond)"""
+    """penalty at max_new_tokens, > 0 (grows linearly over the window and beyond; with the penalty off: null, or it warns)"""
     max_new_tokens: int = 1024
     """generation budget the length penalty refers to"""
     use_decoupled_loss: bool = False
@@ -309,6 +309,9 @@ class ActorConfig:
                  "and so every advantage, to 0)", self.reward_clip)
         check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
         check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        if self.kl_ctl == 0 and self.kl_estimator != "k1":
+            warn_ignored(f"{key}.kl_estimator", self.kl_estimator,
+                         f"{key}.kl_ctl is 0, so no KL penalty is computed")
         check_number(f"{key}.discount", self.discount, minimum=0.0, maximum=1.0)
         check_choice(f"{key}.gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
         for name in ("dropped_outcome_reward", "singleton_groups", "missing_ref_logp",

@@ -39,9 +39,9 @@ Turn GAE first reduces tokens to turn slots (turn reward = sum of its active rew
 turn value = value at its first active token, only turns with active tokens are steps),
 runs the same recurrence over [B, n_slots] and gathers the result back to tokens.
 
-Host syncs (they matter on CUDA): one for the argument checks (λ tensor range, 0/1 mask;
-none for a bool mask with a float λ); one more with a λ tensor (chunk size and fallback
-rows); two more for turn GAE (turn-id validation, which also sizes the slot axis). The plain loops these kernels must agree with are in
+Host syncs (they matter on CUDA): one for the 0/1 check of a non-bool mask; two with a λ
+tensor (its range, then chunk size and fallback rows); two more for turn GAE (turn-id
+validation, which also sizes the slot axis). The plain loops these kernels must agree with are in
 :mod:`lightning_adv.loops`.
 """
 
@@ -106,48 +106,40 @@ def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
     every entry of a [B] tensor) finite and in [0, 1], ``loss_mask`` only 0 and 1. Shapes
     and devices are :func:`check_kernel_inputs`' (the loops share those, not these).
 
-    The tensor rules cost one min/max pass over the mask (plus a non-zero count and a sum
-    for a float mask: values in [0, 1] are all 0 or 1 exactly when the non-zero ones sum to
-    their count) and one host sync for all of them together.
+    A non-bool mask costs one host sync and one pass: a min/max for integers; for floats
+    ``m - m·m``, which is exactly 0 only for m = 0 and m = 1 in floating point too (m·m
+    rounds to m for no other value; NaN and overflow stay non-zero). A λ tensor costs one
+    min/max and one more sync.
     """
     for key, value in (("discount", discount), ("gae_lambda", gae_lambda)):
         if key == "gae_lambda" and isinstance(value, Tensor):
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not 0.0 <= value <= 1.0:
+                or not 0.0 <= value <= 1.0:   # NaN fails the comparison
             raise ValueError(f"{name}: {key} must be a number in [0, 1]"
                              f"{' or a [B] tensor of such' if key == 'gae_lambda' else ''}, "
                              f"got {value!r}")
-    stats: list[Tensor] = []
-    lam_stats = isinstance(gae_lambda, Tensor) and gae_lambda.numel() > 0
-    if isinstance(gae_lambda, Tensor):
+    if isinstance(gae_lambda, Tensor) and gae_lambda.numel():
         if gae_lambda.is_complex() or gae_lambda.dtype == torch.bool:
             raise ValueError(f"{name}: a gae_lambda tensor must be real-valued, got "
                              f"{gae_lambda.dtype}")
-        if lam_stats:
-            stats += [gae_lambda.min(), gae_lambda.max()]
-    if loss_mask.is_complex():
-        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got dtype {loss_mask.dtype}")
-    mask_stats = loss_mask.dtype != torch.bool and loss_mask.numel() > 0
-    if mask_stats:
-        stats += list(torch.aminmax(loss_mask))
-        if loss_mask.is_floating_point():
-            stats += [torch.count_nonzero(loss_mask), loss_mask.sum(dtype=torch.float64)]
-    if not stats:
-        return
-    values = torch.stack([x.to(torch.float64) for x in stats]).tolist()
-    if lam_stats:
-        low, high, values = values[0], values[1], values[2:]
-        if not 0.0 <= low <= high <= 1.0:   # NaN fails every comparison
+        low, high = torch.stack(torch.aminmax(gae_lambda)).tolist()
+        if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"{name}: gae_lambda tensor entries must be finite and in [0, 1], "
                              f"got min {low}, max {high}")
-    if mask_stats:
-        low, high = values[0], values[1]
-        exact = len(values) == 2 or values[2] == values[3]
-        if not (0.0 <= low and high <= 1.0 and exact):
-            other = loss_mask[(loss_mask != 0) & (loss_mask != 1)]
-            raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got "
-                             f"{other.unique()[:6].tolist()}")
+    if loss_mask.dtype == torch.bool:
+        return
+    if loss_mask.is_complex():
+        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got dtype {loss_mask.dtype}")
+    if loss_mask.is_floating_point():
+        bad = bool(torch.addcmul(loss_mask, loss_mask, loss_mask, value=-1).any())
+    else:  # integers are 0/1 exactly when they lie in [0, 1]
+        low, high = torch.stack(torch.aminmax(loss_mask)).tolist()
+        bad = not 0 <= low <= high <= 1
+    if bad:
+        other = loss_mask[(loss_mask != 0) & (loss_mask != 1)]
+        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got "
+                         f"{other.unique()[:6].tolist()}")
 
 
 class TurnIdError(ValueError):

@@ -325,6 +325,14 @@ def test_overlong_options_with_the_penalty_off_warn():
     assert all("actor.overlong_reward_penalty is false" in m for m in messages)
 
 
+def test_a_kl_estimator_without_a_kl_penalty_warns():
+    _, record = caught(ActorConfig, kl_ctl=0.0, kl_estimator="k3")
+    [message] = of(record, IgnoredSettingWarning)
+    assert message.startswith("actor.kl_estimator: 'k3' is ignored: actor.kl_ctl is 0")
+    quiet(ActorConfig, kl_ctl=0.0)
+    quiet(ActorConfig, kl_ctl=0.1, kl_estimator="k3")
+
+
 def test_the_shipped_defaults_and_recipes_do_not_warn():
     from lightning_adv.recipes import RECIPES
     quiet(ActorConfig)
