@@ -89,8 +89,9 @@ def _check_finite(key: str, x: Tensor) -> None:
 def _check_finite_logp(key: str, x: Tensor) -> bool:
     """:func:`_check_finite` for a log-prob tensor, and whether some element (anywhere)
     exceeds :data:`LOGP_TOLERANCE`. One min/max pass decides both in the common case
-    (NaN propagates to both, -inf shows in the min, +inf in the max) with one host sync;
-    only a tensor above the tolerance gets the exact check at active positions later."""
+    (NaN propagates to both, -inf shows in the min, +inf in the max), in place of the sum
+    of :func:`_check_finite`; only a tensor above the tolerance somewhere gets the exact
+    check at the positions that are read (:func:`_check_logp_range`)."""
     low, high = torch.stack(torch.aminmax(x)).tolist()
     if not (abs(low) < float("inf") and abs(high) < float("inf")):
         _report_non_finite(key, x)
@@ -308,8 +309,8 @@ def _report_near_miss_keys(batch: Mapping[str, Any]) -> None:
             hints.append(f"{key!r} (did you mean {close[0]!r}?)")
     if hints:
         warn_caller(f"rollout batch: {', '.join(hints)} {'is' if len(hints) == 1 else 'are'} "
-                      f"not read by the pipeline and passed through unchanged",
-                      UnknownBatchKeyWarning)
+                    f"not read by the pipeline and passed through unchanged",
+                    UnknownBatchKeyWarning)
 
 
 def reference_logp_problem(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:

@@ -41,8 +41,8 @@ runs the same recurrence over [B, n_slots] and gathers the result back to tokens
 
 Host syncs (they matter on CUDA): one for the 0/1 check of a non-bool mask; two with a λ
 tensor (its range, then chunk size and fallback rows); two more for turn GAE (turn-id
-validation, which also sizes the slot axis). The plain loops these kernels must agree with are in
-:mod:`lightning_adv.loops`.
+validation, which also sizes the slot axis). The plain loops these kernels must agree
+with are in :mod:`lightning_adv.loops`.
 """
 
 from __future__ import annotations

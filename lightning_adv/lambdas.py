@@ -1,9 +1,10 @@
 """Per-row GAE lambda: the context a lambda function sees, and the built-in functions.
 
 A lambda function is called as ``fn(context, **gae_lambda_kwargs)`` and returns a float
-tensor [B] on the batch's device, every value in [0, 1] (checked; errors name the function). ``context`` is a :class:`GAELambdaContext`; it
-also answers ``context["timestep_lengths"]`` so lambda functions written for the legacy
-dict context keep working.
+tensor [B] on the batch's device, every value in [0, 1] (checked; errors name the
+function). ``context`` is a :class:`GAELambdaContext`; it also answers
+``context["timestep_lengths"]`` so lambda functions written for the legacy dict context
+keep working.
 """
 
 from __future__ import annotations

@@ -54,14 +54,17 @@ def check_group_members(key: str, norm: NormConfig, meta: Optional[BatchMeta],
         if any(c != 1 for c in counts):
             return
         sizes = f"member counts {counts[:8]}{' ...' if len(counts) > 8 else ''}"
-    effect = ("every reward is normalized to 0" if "mean_level" in levels and key.endswith("reward_norm")
-              else "each row is centred on its own tokens" if "mean_level" in levels
-              else "the group std is that of one member")
+    if "mean_level" not in levels:
+        effect = "the group std is that of one member"
+    elif key.endswith("reward_norm"):
+        effect = "every reward is normalized to 0"
+    else:
+        effect = "each row is centred on its own tokens"
     message = (f"{key}: every group has one member ({sizes}), so its group-level "
-               f"{' and '.join(levels)} normalize each member against itself ({effect}); pass meta with the "
-               f"prompt groups (concat_batch or BatchMeta.traj_group_sizes), set "
-               f"{key}.group_size to the rollouts per prompt, or set actor.singleton_groups to "
-               f"'raise' or 'ignore'")
+               f"{' and '.join(levels)} normalize each member against itself ({effect}); "
+               f"pass meta with the prompt groups (concat_batch or BatchMeta.traj_group_sizes), "
+               f"set {key}.group_size to the rollouts per prompt, or set actor.singleton_groups "
+               f"to 'raise' or 'ignore'")
     if action == "raise":
         raise ValueError(message)
     warn_caller(message, SingletonGroupWarning)
