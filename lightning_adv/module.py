@@ -189,14 +189,16 @@ class AdvantageModule(nn.Module):
         if kl_problem is not None:
             if self.config.missing_ref_logp == "raise":
                 raise ValueError(kl_problem)
-            self._warn_once(kl_problem, MissingRefLogpWarning)
+            self._warn_once("missing_ref_logp", kl_problem, MissingRefLogpWarning)
         process_problem = unused_process_stage(batch, self.config)
         if process_problem is not None:
-            self._warn_once(process_problem, IgnoredSettingWarning)
+            self._warn_once("unused_process_stage", process_problem, IgnoredSettingWarning)
 
-    def _warn_once(self, message: str, category: type[Warning]) -> None:
-        if message not in self._warned:
-            self._warned.add(message)
+    def _warn_once(self, what: str, message: str, category: type[Warning]) -> None:
+        # Keyed by what, not by the message: a trainer's KL controller changes kl_ctl (and
+        # so the message) every step.
+        if what not in self._warned:
+            self._warned.add(what)
             warn_caller(message, category)
 
     def _call(self, stage: Stage, inputs: Any, bs: int, width: int, device: torch.device,

@@ -8,11 +8,14 @@ range, degenerate reward settings and settings that have no effect.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batches import rows_batch
 from lightning_adv import (
@@ -20,6 +23,7 @@ from lightning_adv import (
     compute_turn_gae, concat_batch)
 from lightning_adv.batch_checks import LOGP_TOLERANCE, LogProbRangeWarning, UnknownBatchKeyWarning
 from lightning_adv.config import IgnoredSettingWarning
+from lightning_adv.kernels import check_kernel_arguments
 from lightning_adv.normalization import SingletonGroupWarning
 from lightning_adv.rewards import MissingRefLogpWarning
 
@@ -127,6 +131,9 @@ def test_kl_without_ref_logp_warns_once_per_module_and_keeps_the_legacy_numbers(
     assert "actor.kl_ctl=0.1" in message and "no 'ref_logp'" in message
     assert "actor.missing_ref_logp" in message
     assert not of(second, MissingRefLogpWarning)
+    # A trainer's KL controller replaces the config with a new kl_ctl every step: still once.
+    module.config = dataclasses.replace(module.config, kl_ctl=0.2)
+    assert not of(caught(module, batch)[1], MissingRefLogpWarning)
 
 
 def test_kl_without_ref_logp_can_raise_or_be_ignored():
@@ -273,6 +280,47 @@ def test_kernel_argument_values_are_checked(fn, arguments, message):
     name = "compute_token_gae" if fn == "token" else "compute_turn_gae"
     with pytest.raises(ValueError, match=f"{name}: {message}"):
         kernel(fn, **arguments)
+
+
+MASK_VALUES = [0.0, 1.0, 0.5, 1 - 2**-24, 2**-126, 1e-45, 2.0, -1.0, 1e30, math.inf, math.nan]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(MASK_VALUES), min_size=1, max_size=12),
+       st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]))
+def test_the_mask_check_refuses_exactly_the_masks_with_a_value_other_than_0_and_1(values, dtype):
+    mask = torch.tensor([values], dtype=torch.float64).to(dtype)
+    # What the dtype actually holds (bf16 rounds 1 - 2**-24 to 1, 1e-45 to 0, ...).
+    held = mask.double()[0].tolist()
+    binary = all(v in (0.0, 1.0) for v in held)
+    try:
+        check_kernel_arguments("k", mask, 1.0, 1.0)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert accepted == binary, (held, dtype)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([-3.0, -1e-4, 0.0, 5e-4, 2e-3, 0.5, 9.0])),
+                min_size=3, max_size=3))
+def test_logprobs_are_refused_exactly_when_a_generated_token_exceeds_the_tolerance(cells):
+    loss_mask = [[0] + [int(generated) for generated, _ in cells]]
+    logprobs = torch.tensor([[0.0] + [value for _, value in cells]])
+    batch = rows_batch(["p" + "".join("g" if g else "e" for g, _ in cells)], [1.0],
+                       logprobs=logprobs)
+    assert batch["loss_mask"].tolist() == loss_mask
+    refused = any(g and v > LOGP_TOLERANCE for g, v in cells)
+    try:
+        quiet_module = AdvantageModule(ActorConfig(dropped_outcome_reward="ignore", **NO_KL))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quiet_module(batch)
+        accepted = True
+    except ValueError as err:
+        assert "'logprobs': expected log-probabilities" in str(err)
+        accepted = False
+    assert accepted != refused
 
 
 @pytest.mark.parametrize("fn", ["token", "turn"])
