@@ -3,10 +3,6 @@
 ``ppo.greedy_baseline``), and DAPO's dynamic sampling (``ppo.dynamic_sampling``)."""
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,8 +14,8 @@ from lightning_adv.trainer.dynamic_sampling import has_signal, sample_with_signa
 from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.recipe_inputs import greedy_rewards
 from test_cli import CONFIGS, SMALL, _plain_argv, fit, scalars  # noqa: F401 (autouse fixture)
+from trainer_helpers import ddp_fit
 
-REPO = Path(__file__).resolve().parents[1]
 RECORDER = "--model.advantage_module=trainer_helpers.RecordingAdvantageModule"
 TINY = {"policy": {"d_model": 16, "n_layers": 1, "n_heads": 2, "value_head": False},
         "ppo": {"prompts_per_step": 2, "n_samples": 4, "minibatches": 2, "epochs": 1},
@@ -208,16 +204,10 @@ def test_dynamic_sampling_needs_more_than_one_sample(capsys, tmp_path):
 def test_dynamic_sampling_under_ddp_fills_each_ranks_share(tmp_path):
     record = tmp_path / "record"
     record.mkdir()
-    env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO),
-                                          os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(CONFIGS / "grpo_dynamic.yaml"),
-           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
-           f"--trainer.logger.init_args.save_dir={tmp_path}", RECORDER, *SMALL,
-           "--model.ppo.dynamic_sampling.max_rounds=8",
-           # the recorded rewards are then the task rewards (pass@k reshapes them)
-           "--model.actor.recipe=grpo"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = ddp_fit(CONFIGS / "grpo_dynamic.yaml", tmp_path, record, *SMALL,
+                   "--model.ppo.dynamic_sampling.max_rounds=8",
+                   # the recorded rewards are then the task rewards (pass@k reshapes them)
+                   "--model.actor.recipe=grpo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for step in (0, 1):
         ranks = [torch.load(record / f"rank{r}_call{step}.pt", weights_only=True) for r in (0, 1)]

@@ -1,6 +1,10 @@
 """Importable helpers for trainer tests: user functions named by dotted path in configs."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -89,3 +93,17 @@ class RecordingAdvantageModule(AdvantageModule):
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
+
+
+def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m lightning_adv fit`` on two gloo processes (DDP on CPU), recording each
+    advantage call under ``record`` (``RecordingAdvantageModule``)."""
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
+           "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(config),
+           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
+           f"--trainer.logger.init_args.save_dir={save_dir}",
+           "--model.advantage_module=trainer_helpers.RecordingAdvantageModule", *args]
+    return subprocess.run(cmd, cwd=save_dir, env=env, capture_output=True, text=True, timeout=300)
