@@ -25,6 +25,12 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | reinforce_pp_baseline | whiten_batch(G_t) with r_i - mean_g r as outcome | Hu, 2025, REINFORCE++, arXiv:2501.03262 |
 | opo | r_i - sum_g(l_j r_j) / sum_g(l_j), l = response length | Hao et al., 2025, OPO, arXiv:2505.23585 |
 | gpg | B / (B - M) * (r_i - mean_g r), M rows of all-equal groups | Chu et al., 2025, GPG, arXiv:2504.02546 |
+| grpo_passk | best row of g: (r_max - r_second) / (std_g r + eps), others 0 | verl grpo_passk |
+| gdpo | whiten_batch(sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps)) | GDPO, arXiv:2601.05242 |
+| grpo_batch_std | (r_i - mean_g r) / (std_batch r + eps) | TRL scale_rewards="batch" |
+| rloo_kl | RLOO of r_i - beta * sum_t (logprobs_t - ref_logp_t) | TRL RLOOTrainer |
+| remax | G_t - b_i, b_i a greedy response's reward | Li et al., 2024, ReMax, arXiv:2310.10505 |
+| optimal_token_baseline | G_t - sum_g(G_t W_t) / sum_g(W_t), per response step | verl optimal_token_baseline |
 
 GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the
 loss, which is the trainer's business, not a reward penalty.
