@@ -48,8 +48,10 @@ def gdpo(groups: list[list[list[float]]], weights: list[float], eps: float = 1e-
                 per_response[i] += w * (x - mean) / (std + eps)
         summed += per_response
     mean = sum(summed) / len(summed)
-    std = unbiased_std(summed)
-    return [(x - mean) / (std + eps) for x in summed]
+    scale = unbiased_std(summed) + eps
+    if scale <= 2 * eps:
+        scale = 1.0  # the legacy rule of rollout-aware normalization (SPEC §3 step 3)
+    return [(x - mean) / scale for x in summed]
 
 
 def optimal_token_baseline(groups: list[list[dict]], eps: float = 1e-8) -> list[list[float]]:
