@@ -2,11 +2,8 @@
 configs run through the CLI, the policy is saved for inference, bf16-mixed on CPU, DDP on
 CPU gives the advantages of one process on the global batch, LoRA, errors before training."""
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -20,6 +17,7 @@ from lightning_adv.cli import main
 from lightning_adv.meta import concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from test_cli import SMALL, _plain_argv, scalars  # noqa: F401 (autouse fixture)
+from trainer_helpers import ddp_fit
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -143,15 +141,9 @@ def test_lora_through_the_cli_saves_an_adapter(tiny_lm, tmp_path):
 def test_ddp_gives_the_advantages_of_one_process_on_the_global_batch(tiny_lm, tmp_path):
     record = tmp_path / "record"
     record.mkdir()
-    env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO),
-                                          os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(CONFIGS / "hf_ppo.yaml"),
-           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
-           f"--trainer.logger.init_args.save_dir={tmp_path}", f"--model.policy.pretrained={tiny_lm}",
-           f"--model.task.dataset={DATASET}", "--trainer.max_epochs=1",
-           "--model.advantage_module=trainer_helpers.BatchRecordingAdvantageModule", *SMALL]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = ddp_fit(CONFIGS / "hf_ppo.yaml", tmp_path, record, f"--model.policy.pretrained={tiny_lm}",
+                   f"--model.task.dataset={DATASET}", "--trainer.max_epochs=1", *SMALL,
+                   recorder="BatchRecordingAdvantageModule")
     assert proc.returncode == 0, proc.stderr[-3000:]
     actor = yaml.safe_load((CONFIGS / "hf_ppo.yaml").read_text())["model"]["actor"]
     module = AdvantageModule(ActorConfig(**actor))
@@ -213,6 +205,43 @@ def test_top_k_top_p_and_stop_strings_need_a_hf_policy():
         PPOModule(ppo=PPOConfig(top_p=0.9))
     with pytest.raises(ValueError, match="task.stop_strings: supported with a Hugging Face"):
         PPOModule(task=TaskConfig(stop_strings=["="]))
+
+
+def test_greedy_baseline_and_dynamic_sampling_with_a_hf_policy(tiny_lm, tmp_path):
+    from lightning_adv.recipes import recipe
+    from transformers import GenerationConfig
+
+    module = PPOModule(policy=PolicyConfig(pretrained=tiny_lm, value_head=False),
+                       actor=recipe("remax"), task=TaskConfig(dataset=DATASET, reward=CHAR_MATCH),
+                       ppo=PPOConfig(prompts_per_step=2, n_samples=4, minibatches=2, epochs=1,
+                                     max_new_tokens=5, greedy_baseline=True,
+                                     dynamic_sampling={"enabled": True, "max_rounds": 2}), seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.policy.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    indices = [3, 7]
+    baselines = module.greedy_baselines(indices)
+    tokenizer = module.hf_tokenizer
+    for index, baseline in zip(indices, baselines):
+        prompt = torch.tensor([module.runtime.instance(index)[1]])
+        out = module.policy.model.generate(prompt, generation_config=GenerationConfig(
+            do_sample=False, max_new_tokens=5, eos_token_id=tokenizer.eos_token_id))
+        response = tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True)
+        answer = module.runtime.task.instance_at(index)["answer"]
+        assert baseline == pytest.approx(char_match_text(response, answer))
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module)
+    assert module.rollout_step == 1
+
+
+def char_match_text(response, answer):
+    from lightning_adv.trainer.tasks import Sample, Turn
+    from lightning_adv.trainer.text_tasks import char_match
+
+    return char_match(Sample(0, {"answer": answer}, "", (Turn(response, (), True),), False))
 
 
 @pytest.mark.cuda

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.sampling import Episode, finite_or_raise
+from lightning_adv.trainer.sampling import Episode, finite_or_raise, start_episodes
 from lightning_adv.trainer.tasks import TaskError, TaskRuntime, Turn
 
 
@@ -104,14 +104,9 @@ def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_sam
                 max_new_tokens: int, params: SamplingParams, gen: torch.Generator,
                 kv_cache: bool = True) -> list[list[Episode]]:
     """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt."""
-    vocab, task = runtime.vocab, runtime.task
+    vocab = runtime.vocab
     device = next(policy.parameters()).device
-    episodes: list[Episode] = []
-    for index in indices:
-        instance, prompt = runtime.instance(int(index))
-        for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    episodes = start_episodes(runtime, indices, n_samples)
     rows = _Rows(policy, len(episodes), vocab.pad_id, device, kv_cache)
     for r, ep in enumerate(episodes):
         rows.pending[r] = list(ep.tokens)

@@ -65,12 +65,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
     """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
-    episodes: list[Episode] = []
-    for index in indices:
-        instance, prompt = runtime.instance(int(index))
-        for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    episodes = start_episodes(runtime, indices, n_samples)
     width = task.max_episode_len(max_new_tokens)
     buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
     for row, ep in enumerate(episodes):
@@ -110,6 +105,17 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         reader.finish(buffer, episodes)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
+
+
+def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
+    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
+    episodes: list[Episode] = []
+    for index in indices:
+        instance, prompt = runtime.instance(int(index))
+        for _ in range(n_samples):
+            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    return episodes
 
 
 class _CachedReader:
