@@ -12,7 +12,7 @@ directory::
     python -m lightning_adv.bench_hf --batch 16 --new-tokens 32 128 --threads 1 2
 
 Tokens/s counts generated tokens (every row's, EOS included) over wall time; each number
-is the best of ``--repeats`` runs, as the machine may be shared.
+is the best of ``--repeats`` runs after a warm-up run, as the machine may be shared.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ VARIANTS = ("trainer sampler", "transformers generate")
 
 
 def _best(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
-    """(best seconds, tokens generated) over ``repeats`` runs of ``fn``."""
+    """(best seconds, tokens generated) over ``repeats`` runs of ``fn``, after one untimed
+    warm-up run (first calls pay for lazy initialisation)."""
+    fn()
     best, tokens = float("inf"), 0
     for _ in range(repeats):
         start = time.perf_counter()

@@ -121,11 +121,14 @@ def test_hf_model_is_saved_with_every_checkpoint(tiny_lm, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen2"
 
 
-def test_bf16_mixed_precision_on_cpu(tiny_lm, tmp_path):
+def test_bf16_mixed_precision_and_bf16_weights_on_cpu(tiny_lm, tmp_path):
     hf_fit("hf_ppo", tmp_path, tiny_lm, "--trainer.precision=bf16-mixed")
     logged = scalars(tmp_path / "hf_ppo" / "version_0")
     assert sorted(logged["train/policy_loss"]) == [0, 1]
     assert all(v == v for v in logged["train/value_loss"].values())  # finite, not NaN
+    hf_fit("hf_ppo", tmp_path, tiny_lm, "--model.policy.dtype=bfloat16")
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_ppo" / "version_1" / "hf_model")
+    assert saved.dtype == torch.bfloat16
 
 
 def test_lora_through_the_cli_saves_an_adapter(tiny_lm, tmp_path):
