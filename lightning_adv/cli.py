@@ -51,6 +51,8 @@ class LightningAdvCLI(LightningCLI):
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
         try:
             validate_model_config(values)
+        except TaskError:
+            raise  # what a task function returned (a prompt built early): exit 1, as in training
         except (ValueError, TypeError) as exc:
             self.parser.error(f"model.{exc}")
 

@@ -168,19 +168,20 @@ def test_ddp_gives_the_advantages_of_one_process_on_the_global_batch(tiny_lm, tm
     assert (tmp_path / "hf_ppo" / "version_0" / "hf_model" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("config, override, message", [
-    ("hf_grpo", "--model.policy.pretrained=./no/such/dir", "model.policy.pretrained: no such dir"),
-    ("hf_grpo", "--model.policy.dtype=float16", "model.policy.dtype: float16 needs a GPU"),
-    ("hf_grpo", "--model.task.dataset=BAD", "model.task.dataset: line 2 of .* has no 'prompt'"),
-    ("hf_grpo", "--model.ppo.max_new_tokens=600", "exceed the model's context window of 512"),
-    ("hf_grpo", "--model.task.dataset=LONG", "prompt of instance 1: 6.. prompt tokens .* exceed "
-                                             "the model's context window of 512 tokens"),
-    ("hf_ppo", "--model.policy.critic_pretrained=./nowhere",
+@pytest.mark.parametrize("config, override, code, message", [
+    ("hf_grpo", "--model.policy.pretrained=./no/such/dir", 2, "model.policy.pretrained: no such"),
+    ("hf_grpo", "--model.policy.dtype=float16", 2, "model.policy.dtype: float16 needs a GPU"),
+    ("hf_grpo", "--model.task.dataset=BAD", 2, "model.task.dataset: line 2 of .* has no 'prompt'"),
+    ("hf_ppo", "--model.policy.critic_pretrained=./nowhere", 2,
      "model.policy.critic_pretrained: no such directory"),
-    ("hf_grpo", "--model.policy.lora.r=0", "model.policy.lora.r: expected a positive integer"),
+    ("hf_grpo", "--model.policy.lora.r=0", 2, "model.policy.lora.r: expected a positive integer"),
+    # found while building the prompts, before training: exit 1 as any bad prompt
+    ("hf_grpo", "--model.ppo.max_new_tokens=600", 1, "exceed the model's context window of 512"),
+    ("hf_grpo", "--model.task.dataset=LONG", 1, "task.dataset .*: prompt of instance 1: 6.. prompt "
+                                                "tokens .* exceed the model's context window of 512"),
 ])
-def test_bad_hf_input_is_a_usage_error_naming_the_key(config, override, message, tiny_lm,
-                                                       tmp_path, capsys):
+def test_bad_hf_input_stops_before_training_naming_the_key(config, override, code, message,
+                                                            tiny_lm, tmp_path, capsys):
     if "BAD" in override:
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"prompt": "Reverse: ab", "answer": "ba"}\n{"answer": "x"}\n')
@@ -196,9 +197,10 @@ def test_bad_hf_input_is_a_usage_error_naming_the_key(config, override, message,
         main(["fit", "--config", str(CONFIGS / f"{config}.yaml"),
               f"--model.policy.pretrained={tiny_lm}",
               f"--trainer.logger.init_args.save_dir={tmp_path}", *SMALL, override])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == code
     err = capsys.readouterr().err
     assert re.search(message, err), err[-2000:]
+    assert not (tmp_path / config).exists()  # nothing was trained or logged
 
 
 def test_top_k_top_p_and_stop_strings_need_a_hf_policy():
