@@ -87,6 +87,7 @@ def test_the_batch_is_right_padded_and_follows_the_episodes(reverse):
         assert len(generated) == 8 or ended
         assert batch["is_truncated"][row] == (not ended)
         assert ep.sample.response == runtime.vocab.decode(generated[:-1] if ended else generated)
+        assert ep.sample.prompt == runtime.prompt_text(ep.index)  # "Reverse: ...", no template
     assert meta.traj_group_sizes == [3] * 4
     AdvantageModule(ActorConfig(kl_ctl=0.0))(batch, meta)  # a valid SPEC batch
 

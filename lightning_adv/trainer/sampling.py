@@ -188,8 +188,10 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
     task = runtime.task
     for group in groups:
         for sample_no, ep in enumerate(group):
-            ep.sample = Sample(index=ep.index, instance=ep.instance,
-                               prompt=runtime.vocab.decode(ep.tokens[: _prompt_len(ep)]),
+            prompt = runtime.prompt_text(ep.index)  # the task's text, not a chat rendering
+            if not isinstance(prompt, str):  # chat messages: the rendered text
+                prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
+            ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
                                turns=tuple(ep.turns), truncated=ep.truncated,
                                target=task.target(ep.instance))
             ep.reward = runtime.reward(ep.sample, sample_no)
