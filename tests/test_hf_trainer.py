@@ -121,6 +121,28 @@ def test_hf_model_is_saved_with_every_checkpoint(tiny_lm, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen2"
 
 
+def test_resume_reproduces_the_next_steps_exactly(tiny_lm, tmp_path, monkeypatch):
+    """The HF policy, its value head and the reference copy come back from a checkpoint,
+    and sampling is seeded by (seed, step, rank): a resumed run repeats the full run."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full.mkdir(), resumed.mkdir()
+    common = ["--trainer.limit_train_batches=4", "--trainer.callbacks.every_n_train_steps=4",
+              "--model.advantage_module=trainer_helpers.RecordingAdvantageModule"]
+    monkeypatch.setenv("LIGHTNING_ADV_RECORD", str(full))
+    hf_fit("hf_ppo", tmp_path, tiny_lm, *common)
+    ckpt = tmp_path / "hf_ppo" / "version_0" / "checkpoints" / "epoch=0-step=4.ckpt"
+    monkeypatch.setenv("LIGHTNING_ADV_RECORD", str(resumed))
+    hf_fit("hf_ppo", tmp_path, tiny_lm, *common, f"--ckpt_path={ckpt}")
+    for resumed_call, full_call in ((0, 2), (1, 3)):  # the resumed run starts at step 2
+        a = torch.load(full / f"rank0_call{full_call}.pt", weights_only=True)
+        b = torch.load(resumed / f"rank0_call{resumed_call}.pt", weights_only=True)
+        for key in a:
+            assert torch.equal(a[key], b[key]), (key, full_call)
+    losses = [scalars(tmp_path / "hf_ppo" / f"version_{v}") for v in (0, 1)]
+    for tag in ("train/policy_loss", "train/value_loss", "train/kl_rewards"):
+        assert losses[1][tag] == {2: losses[0][tag][2], 3: losses[0][tag][3]}, tag
+
+
 def test_bf16_mixed_precision_and_bf16_weights_on_cpu(tiny_lm, tmp_path):
     hf_fit("hf_ppo", tmp_path, tiny_lm, "--trainer.precision=bf16-mixed")
     logged = scalars(tmp_path / "hf_ppo" / "version_0")
