@@ -7,6 +7,8 @@ caller's tensors.
 
 from __future__ import annotations
 
+import difflib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
@@ -14,12 +16,40 @@ from typing import Any, NoReturn, Optional
 import torch
 from torch import Tensor
 
+from lightning_adv.config import ActorConfig
 from lightning_adv.meta import BatchMeta
+from lightning_adv.validators import warn_caller
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
                     "mopd_teacher_logp_sum")
 MASK_KEYS = ("attention_mask", "loss_mask")
+#: Log-probabilities: at most 0 (plus :data:`LOGP_TOLERANCE`) where they are read.
+LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
+#: A log-prob computed as ``logit - logsumexp(logits)`` in float32 (a sampler's, or one
+#: reduced across tensor-parallel shards) can round a few ulps of the logit above 0: about
+#: 1e-5 for logits up to 100. 1e-3 leaves two orders of magnitude for that, and no
+#: probability or logit array passes (a probability of 1.001 is not a rounding error).
+LOGP_TOLERANCE = 1e-3
+#: Every key the pipeline reads or writes (SPEC §1 and §5). Other keys pass through; one
+#: that is a near miss of an absent known key is reported (:class:`UnknownBatchKeyWarning`).
+KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards",
+                              "is_truncated", "mopd_teacher_logp_sum", "advantages", "returns",
+                              "tot_rewards", "kl_rewards", "input_token_loss_mask",
+                              "mopd_behavior_logprobs", "unnormalized_advantages",
+                              # read by some stages (register_stage(requires=...)), or written
+                              "reward_baselines", "sum_pi_squared", "unscorable")
+#: How alike a key must be to a known key to count as a misspelling of it
+#: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
+NEAR_MISS_CUTOFF = 0.75
+
+
+class UnknownBatchKeyWarning(UserWarning):
+    """A batch key the pipeline does not read looks like a misspelt key it would read."""
+
+
+class LogProbRangeWarning(UserWarning):
+    """``ref_logp`` or ``prox_logp`` hold values above 0 at positions the pipeline reads."""
 
 
 def present(batch: Mapping[str, Any], key: str) -> bool:
@@ -55,6 +85,22 @@ def _check_finite(key: str, x: Tensor) -> None:
     # sum (a bad element, or an overflow) falls through to the exact check.
     if bool(torch.isfinite(x.sum())):
         return
+    _report_non_finite(key, x)
+
+
+def _check_finite_logp(key: str, x: Tensor) -> bool:
+    """:func:`_check_finite` for a log-prob tensor, and whether some element (anywhere)
+    exceeds :data:`LOGP_TOLERANCE`. One min/max pass decides both in the common case
+    (NaN propagates to both, -inf shows in the min, +inf in the max), in place of the sum
+    of :func:`_check_finite`; only a tensor above the tolerance somewhere gets the exact
+    check at the positions that are read (:func:`_check_logp_range`)."""
+    low, high = torch.stack(torch.aminmax(x)).tolist()
+    if not (abs(low) < float("inf") and abs(high) < float("inf")):
+        _report_non_finite(key, x)
+    return high > LOGP_TOLERANCE
+
+
+def _report_non_finite(key: str, x: Tensor) -> None:
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
         index = tuple(bad.nonzero()[0].tolist())
@@ -117,8 +163,12 @@ def _check_required(batch: Any) -> tuple[int, int, torch.device]:
         raise TypeError(f"rollout batch: expected a dict of tensors, got {type(batch).__name__}")
     missing = [k for k in REQUIRED_KEYS if not present(batch, k)]
     if missing:
+        others = [k for k in batch if isinstance(k, str) and k not in KNOWN_KEYS]
+        hints = [f"{close[0]!r} for {k!r}" for k in missing
+                 if (close := difflib.get_close_matches(k, others, 1, NEAR_MISS_CUTOFF))]
+        hint = f"; the batch has {', '.join(hints)}: a misspelt key?" if hints else ""
         raise ValueError(f"rollout batch has no {', '.join(repr(k) for k in missing)} "
-                         f"(required: {', '.join(REQUIRED_KEYS)})")
+                         f"(required: {', '.join(REQUIRED_KEYS)}){hint}")
     ids = batch["input_ids"]
     if not isinstance(ids, Tensor) or ids.ndim != 2:
         _fail("input_ids", "a [B, T] tensor", _shape(ids))
@@ -129,8 +179,9 @@ def _check_required(batch: Any) -> tuple[int, int, torch.device]:
     return bs, width, ids.device
 
 
-def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.device) -> None:
-    """A [B, T] mask, float or turn-id tensor on the batch's device."""
+def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.device) -> bool:
+    """A [B, T] mask, float or turn-id tensor on the batch's device. True for a log-prob
+    tensor with values above :data:`LOGP_TOLERANCE` somewhere (to check where they are)."""
     if not isinstance(x, Tensor):
         _fail(key, f"a tensor of shape [{bs}, {width}]", type(x).__name__)
     if tuple(x.shape) != (bs, width):
@@ -141,6 +192,8 @@ def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.dev
     if key in TOKEN_FLOAT_KEYS:
         if not x.is_floating_point():
             _fail(key, "a floating-point tensor", x.dtype)
+        if key in LOGP_KEYS:
+            return _check_finite_logp(key, x)
         _check_finite(key, x)
     elif x.is_complex():
         _fail(key, "a real tensor", x.dtype)
@@ -148,6 +201,7 @@ def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.dev
         # Float ids (legacy data) are compared for equality when folding process
         # rewards; a NaN or fractional id would silently split or merge turns.
         _fail(key, "integer values (an integer dtype is best)", "NaN or fractional ids")
+    return False
 
 
 def _check_rewards(rewards: Any, bs: int, device: torch.device) -> None:
@@ -190,16 +244,97 @@ def _check_meta(meta: Optional[BatchMeta], bs: int) -> None:
                          f"{meta.batch_size} rows, but the rollout batch has {bs}")
 
 
-def validate_batch(batch: Any, meta: Optional[BatchMeta]) -> BatchFacts:
-    """Check the batch and meta against SPEC §1 before any arithmetic touches them."""
+def validate_batch(batch: Any, meta: Optional[BatchMeta],
+                   config: Optional[ActorConfig] = None) -> BatchFacts:
+    """Check the batch and meta against SPEC §1 before any arithmetic touches them.
+
+    ``config`` says what to do about ``ref_logp``/``prox_logp`` above 0
+    (``positive_ref_prox_logp``; default: warn).
+    """
     bs, width, device = _check_required(batch)
-    for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
-        if present(batch, key):
-            _check_token_tensor(key, batch[key], bs, width, device)
+    above_zero = [key for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",)
+                  if present(batch, key) and _check_token_tensor(key, batch[key], bs, width, device)]
     for key in MASK_KEYS:
         _check_binary(key, batch[key])
     seqlens, loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
+    for key in above_zero:
+        action = "raise" if key == "logprobs" else (
+            config.positive_ref_prox_logp if config is not None else "warn")
+        _check_logp_range(key, batch[key], loss_mask, action)
     _check_rewards(batch["rewards"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)
+    _report_near_miss_keys(batch)
     return BatchFacts(bs, width, device, seqlens, truncated, loss_mask)
+
+
+def _check_logp_range(key: str, x: Tensor, loss_mask: Tensor, action: str) -> None:
+    """Log-probs above :data:`LOGP_TOLERANCE` where the pipeline reads them: the generated
+    tokens for the token-aligned ``logprobs``, the positions predicting a generated token
+    for the next-token ``ref_logp``/``prox_logp``. Elsewhere anything finite is allowed
+    (masked out, as in the legacy code)."""
+    if action == "ignore":
+        return
+    active = loss_mask.bool() if key == "logprobs" else torch.roll(loss_mask.bool(), -1, dims=1)
+    bad = active & (x > LOGP_TOLERANCE)
+    if not bool(bad.any()):
+        return
+    index = tuple(bad.nonzero()[0].tolist())
+    where = "generated tokens" if key == "logprobs" else "positions predicting a generated token"
+    count = int(bad.sum())
+    message = (f"rollout batch '{key}': expected log-probabilities (<= 0, up to {LOGP_TOLERANCE} "
+               f"of rounding) at {where}, got {count} value{'s' * (count != 1)} above that "
+               f"(first at {index}: {x[index].item():.4g}); were probabilities or logits passed?")
+    if key == "logprobs":
+        raise ValueError(message)
+    message += " (set actor.positive_ref_prox_logp to 'raise' or 'ignore')"
+    if action == "raise":
+        raise ValueError(message)
+    warn_caller(message, LogProbRangeWarning)
+
+
+@functools.lru_cache(maxsize=256)
+def _near_misses(key: str) -> tuple[str, ...]:
+    return tuple(difflib.get_close_matches(key, KNOWN_KEYS, 3, NEAR_MISS_CUTOFF))
+
+
+def _report_near_miss_keys(batch: Mapping[str, Any]) -> None:
+    """Warn about keys the pipeline does not read that look like a misspelt absent key
+    (``ref_logprobs`` for ``ref_logp``). Other extra keys are the caller's own and pass
+    through silently; a near miss of a key that is present is taken as the caller's own too."""
+    hints = []
+    for key in batch:
+        if not isinstance(key, str) or key in KNOWN_KEYS:
+            continue
+        close = [k for k in _near_misses(key) if not present(batch, k)]
+        if close:
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)")
+    if hints:
+        warn_caller(f"rollout batch: {', '.join(hints)} {'is' if len(hints) == 1 else 'are'} "
+                    f"not read by the pipeline and passed through unchanged",
+                    UnknownBatchKeyWarning)
+
+
+def reference_logp_problem(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:
+    """The complaint when the KL penalty is on but the batch has no ``ref_logp`` (the KL is
+    then taken against log-prob 0, as in the legacy code); None when all is well."""
+    if config.kl_ctl == 0 or present(batch, "ref_logp") or config.missing_ref_logp == "ignore":
+        return None
+    close = [k for k in batch if isinstance(k, str) and k not in KNOWN_KEYS
+             and "ref_logp" in _near_misses(k)]
+    hint = f" (the batch has {close[0]!r}: a misspelt key?)" if close else ""
+    return (f"actor.kl_ctl={config.kl_ctl} but the rollout batch has no 'ref_logp'{hint}: the KL "
+            f"penalty is taken against a reference log-prob of 0, which rewards unlikely tokens; "
+            f"pass ref_logp, set actor.kl_ctl to 0, or set actor.missing_ref_logp to 'raise' or "
+            f"'ignore'")
+
+
+def unused_process_stage(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:
+    """The complaint when an explicit ``gvpo``/``process_weighted`` process stage meets a
+    batch without ``token_rewards`` (the stage then returns the advantages unchanged)."""
+    spec = config.advantage.process_adv_shaping
+    if spec is None or spec.implementation not in ("gvpo", "process_weighted") \
+            or present(batch, "token_rewards"):
+        return None
+    return (f"actor.advantage.process_adv_shaping: {spec.implementation!r} is ignored: the "
+            f"rollout batch has no 'token_rewards', so advantages are returned unshaped")

@@ -36,8 +36,8 @@ from lightning_adv.trainer.resume import (
     CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
 from lightning_adv.trainer.tasks import TaskError
 
-#: training steps of a run that sets none (the shipped configs' length); an epoch of the
-#: default prompt pool would be 3125 steps
+#: training steps per epoch of a run on a drawn task that sets no length (the shipped
+#: configs' length); an epoch of the default prompt pool would be 3125 steps
 DEFAULT_TRAINING_STEPS = 300
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -47,7 +47,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     },
     "log_every_n_steps": 1,
     "max_epochs": 1,
-    "limit_train_batches": DEFAULT_TRAINING_STEPS,
     "num_sanity_val_steps": 0,
 }
 
@@ -175,10 +174,17 @@ class LightningAdvCLI(LightningCLI):
             warnings.simplefilter("always")
             try:
                 hparams = validate_model_config(values, trainer.as_dict())
+            except TaskError:
+                raise  # what a task function returned (a prompt built early): exit 1, as in training
             except (ValueError, TypeError) as exc:
                 self._usage_error(f"model.{exc}")
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        if (trainer.get("limit_train_batches") is None and trainer.get("max_steps", -1) == -1
+                and trainer.get("max_time") is None and hparams["task"].get("dataset") is None):
+            # A drawn task's epoch is as long as its pool (3125 steps by default): a run that
+            # sets no length runs the shipped configs' 300 steps (a dataset: one pass per epoch).
+            trainer.limit_train_batches = DEFAULT_TRAINING_STEPS
         self._check_validation_schedule(hparams, trainer)
         if self.checkpoint_info is not None:
             self._compare_with_checkpoint(hparams)
@@ -310,6 +316,8 @@ def main(args: ArgsType = None) -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     # The post-update state is what a checkpoint of a finished PPO step should hold.
     warnings.filterwarnings("ignore", ".*Using ModelCheckpoint with manual optimization.*")
+    # A Hugging Face policy's frozen reference stays in eval mode on purpose.
+    warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_callback=SaveRunConfig,

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
-from lightning_adv.batch_checks import BatchFacts, validate_batch
-from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig
+from lightning_adv.batch_checks import (
+    BatchFacts, reference_logp_problem, unused_process_stage, validate_batch)
+from lightning_adv.config import ActorConfig, IgnoredSettingWarning, PRMAdvantageShapingConfig
 from lightning_adv.contracts import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageContractCheck,
     TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
@@ -24,10 +25,14 @@ from lightning_adv.contracts import (
 from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
-from lightning_adv.normalization import norm_errors, normalize, normalize_outcome_rewards
+from lightning_adv.normalization import (
+    check_group_members, norm_errors, normalize, normalize_outcome_rewards)
 from lightning_adv.prm import resolve_process_mode
-from lightning_adv.rewards import apply_length_penalty
+from lightning_adv.reward_components import combine_reward_components
+from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty, apply_truncated_reward
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
+from lightning_adv.unscorable import merge_rows, select_meta, select_rows, unscorable_rows
+from lightning_adv.validators import warn_caller
 
 class AdvantageModule(nn.Module):
     """Computes advantages, returns and rewards for a rollout batch (SPEC §3, §5).
@@ -54,6 +59,7 @@ class AdvantageModule(nn.Module):
         elif not isinstance(config, ActorConfig):
             raise TypeError(f"AdvantageModule: expected an ActorConfig, got {type(config).__name__}")
         self.config = config
+        self._warned: set[str] = set()  # the once-per-module warnings already given
         advantage = config.advantage
         if advantage.is_replaced:
             self.compute = resolve_stage("compute", advantage.compute, config)
@@ -65,38 +71,91 @@ class AdvantageModule(nn.Module):
         if isinstance(config.gae_lambda, str):
             resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
 
+    @property
+    def required_batch_keys(self) -> frozenset[str]:
+        """Optional batch keys the configured built-in stages read (their
+        ``register_stage(requires=...)``), e.g. ``sum_pi_squared`` or ``reward_baselines``:
+        a trainer computes them only when some stage asks."""
+        keys: set[str] = set()
+        for name in ("outcome", "estimator", "process"):
+            stage = getattr(self, name, None)
+            if isinstance(stage, Stage) and stage.builtin and stage.fn is not None:
+                keys.update(builtin_stage(stage.family, stage.implementation).requires)
+        return frozenset(keys)
+
     # ------------------------------------------------------------------ entry point
 
     @torch.no_grad()
     def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
-            facts = validate_batch(batch, meta)
-            replaced = self.config.advantage.is_replaced
-            # Check the call-time prm before any work (its mode is resolved per stage call).
-            resolve_process_mode(prm, self.config, None if replaced else self.process)
-            compute = self.compute_replacement if replaced else self.compute_default
-            out = compute(batch, meta, prm, facts)
+            unscorable = unscorable_rows(batch, self.config)
+            if unscorable is None:
+                out = self._compute(batch, meta, prm)
+            else:
+                out = self.compute_without_rows(batch, meta, prm, unscorable)
         except PeerRankFailed:
             raise
         except Exception:
             # Under DDP the other ranks may be waiting in a collective: let them fail too.
             report_failure(_device_of(batch))
             raise
-        check_peers(facts.device)  # a peer may have failed after this rank's last collective
+        check_peers(_device_of(batch))  # a peer may have failed after this rank's last collective
         return out
+
+    def _compute(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                 prm: Optional[PRMAdvantageShapingConfig]) -> dict[str, Any]:
+        batch = combine_reward_components(batch, meta, self.config)
+        facts = validate_batch(batch, meta, self.config)
+        replaced = self.config.advantage.is_replaced
+        # Check the call-time prm before any work (its mode is resolved per stage call).
+        resolve_process_mode(prm, self.config, None if replaced else self.process)
+        compute = self.compute_replacement if replaced else self.compute_default
+        out = compute(batch, meta, prm, facts)
+        if self.config.unscorable_rewards == "exclude":
+            out["unscorable"] = torch.zeros(facts.batch_size, dtype=torch.bool, device=facts.device)
+        return out
+
+    def compute_without_rows(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                             prm: Optional[PRMAdvantageShapingConfig],
+                             unscorable: Tensor) -> dict[str, Any]:
+        """``actor.unscorable_rewards: exclude``: the pipeline on the scorable rows only,
+        then the unscorable rows put back with advantage 0 (:mod:`lightning_adv.unscorable`)."""
+        kept = ~unscorable
+        selected = select_rows(batch, kept)
+        out = self._compute(selected, select_meta(meta, kept), prm)
+        dropped = select_rows(batch, unscorable)
+        dropped["rewards"] = torch.zeros(int(unscorable.sum()), device=unscorable.device)
+        facts = validate_batch(dropped, None, self.config)
+        aligned = align_batch(dropped, facts, self.config)
+        zeros = torch.zeros_like(aligned.loss_mask)
+        filler = {"loss_mask": aligned.loss_mask, "logprobs": aligned.old_logp,
+                  "returns": aligned.values * aligned.loss_mask, "ref_logp": aligned.ref_logp,
+                  "is_truncated": aligned.is_truncated, "input_token_loss_mask": dropped["loss_mask"],
+                  "advantages": zeros, "tot_rewards": zeros, "kl_rewards": zeros,
+                  "rewards": torch.zeros_like(dropped["rewards"])}
+        if aligned.prox_logp is not None:
+            filler["prox_logp"] = aligned.prox_logp
+        if aligned.mopd_behavior_logprobs is not None:
+            filler["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
+        merged = merge_rows(batch, selected, out, kept, filler)
+        merged["unscorable"] = unscorable
+        return merged
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                         prm: Optional[PRMAdvantageShapingConfig], facts: BatchFacts) -> dict[str, Any]:
         """The default pipeline, in the design note's order."""
         config = self.config
-        penalized = apply_length_penalty(batch["rewards"], batch["loss_mask"], config)
+        self._check_settings_against(batch)
+        penalized = apply_truncated_reward(
+            apply_length_penalty(batch["rewards"], batch["loss_mask"], config),
+            facts.is_truncated, config)
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
         aligned = align_batch(batch, facts, config, self._turn_ids_needed_by())
         outcome_rewards = place_outcome(scores, aligned, config)
-        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
+        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta, data))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
             advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)
@@ -150,6 +209,7 @@ class AdvantageModule(nn.Module):
         norm = self.config.adv_norm
         if norm is None:
             return advantages
+        check_group_members("actor.adv_norm", norm, meta, self.config.singleton_groups)
         with norm_errors("actor.adv_norm"):
             if meta is None:
                 return normalize(advantages, norm, loss_mask)
@@ -175,6 +235,25 @@ class AdvantageModule(nn.Module):
         return out
 
     # ------------------------------------------------------------------ helpers
+
+    def _check_settings_against(self, batch: Mapping[str, Any]) -> None:
+        """Settings the batch makes meaningless: warned once per module (the same config
+        meets the same kind of batch every step), or raised where configured."""
+        kl_problem = reference_logp_problem(batch, self.config)
+        if kl_problem is not None:
+            if self.config.missing_ref_logp == "raise":
+                raise ValueError(kl_problem)
+            self._warn_once("missing_ref_logp", kl_problem, MissingRefLogpWarning)
+        process_problem = unused_process_stage(batch, self.config)
+        if process_problem is not None:
+            self._warn_once("unused_process_stage", process_problem, IgnoredSettingWarning)
+
+    def _warn_once(self, what: str, message: str, category: type[Warning]) -> None:
+        # Keyed by what, not by the message: a trainer's KL controller changes kl_ctl (and
+        # so the message) every step.
+        if what not in self._warned:
+            self._warned.add(what)
+            warn_caller(message, category)
 
     def _call(self, stage: Stage, inputs: Any, bs: int, width: int, device: torch.device,
               check: Callable[[StageContractCheck, Any], Any], task_rewards: Optional[Tensor] = None) -> Any:

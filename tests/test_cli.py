@@ -23,7 +23,7 @@ from lightning_adv.trainer import PPOModule
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-SHIPPED = ["ppo", "grpo", "dr_grpo", "turn_gae", "gvpo_prm"]
+SHIPPED = ["ppo", "grpo", "dr_grpo", "turn_gae", "gvpo_prm", "grpo_dynamic"]
 SMALL = ["--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false", "--model.ppo.prompts_per_step=4",
          "--model.ppo.n_samples=4", "--model.ppo.minibatches=2", "--model.ppo.epochs=1",
@@ -293,10 +293,16 @@ def test_step_counts_survive_either_parse_of_int_or_float(parsed, steps):
     assert as_step_count(parsed) == steps and type(as_step_count(parsed)) is type(steps)
 
 
-def test_fit_without_a_config_runs_a_bounded_number_of_steps(capsys):
-    with pytest.raises(SystemExit):
-        main(["fit", "--print_config"])
-    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["limit_train_batches"] == 300
+def test_fit_without_a_length_runs_a_bounded_number_of_steps(tmp_path):
+    from lightning_adv.cli import LightningAdvCLI
+
+    def trainer(*args):
+        cli = LightningAdvCLI(PPOModule, auto_configure_optimizers=False, run=False,
+                              args=[f"--trainer.default_root_dir={tmp_path}", *args])
+        return cli.trainer
+    assert trainer().limit_train_batches == 300  # not the default pool's 3125-step epoch
+    assert trainer("--trainer.limit_train_batches=5").limit_train_batches == 5
+    assert trainer("--trainer.max_steps=40").limit_train_batches == 1.0  # Lightning's default
 
 
 def test_no_logger_keeps_the_run_in_its_own_directory(tmp_path, monkeypatch):

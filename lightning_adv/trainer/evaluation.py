@@ -4,7 +4,8 @@ during ``fit`` (every ``trainer.val_check_interval`` steps, else at the end of e
 The held-out prompts come from the task's own generator, at pool indices the training
 pool never uses: the validation set is indices ``task.num_prompts ..
 task.num_prompts + evaluation.num_prompts - 1``, the test set (also ``predict``'s) the
-next ``evaluation.num_prompts``. A task with few distinct instances (``addition`` has 100)
+next ``evaluation.num_prompts``; a dataset task holds out the lines after the first
+``task.num_prompts`` (as many as there are). A task with few distinct instances (``addition`` has 100)
 may repeat a training instance under a new index.
 
 Each prompt gets one greedy response and ``evaluation.n_samples`` sampled ones (at
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -90,11 +92,20 @@ class HeldOutPrompts(Dataset):
         return self.start + index
 
 
-def held_out_loader(stage: str, train_prompts: int, config: EvalConfig) -> DataLoader:
-    """The loader of ``stage`` ("val", or "test" which ``predict`` uses too)."""
+def held_out_loader(stage: str, train_prompts: int, config: EvalConfig,
+                    pool_size: Optional[int] = None) -> DataLoader:
+    """The loader of ``stage`` ("val", or "test" which ``predict`` uses too). A fixed pool
+    (a dataset of ``pool_size`` lines) holds out only the lines after the training pool."""
     offset = train_prompts + (config.num_prompts if stage == "test" else 0)
-    return DataLoader(HeldOutPrompts(offset, config.num_prompts),
-                      batch_size=config.prompts_per_batch, shuffle=False)
+    count = config.num_prompts
+    if pool_size is not None and offset + count > pool_size:
+        count = max(0, pool_size - offset)
+        warnings.warn(f"evaluation.num_prompts: the task's pool has {pool_size} prompts and "
+                      f"training uses the first {train_prompts}, so the {stage} set has "
+                      f"{count} instead of {config.num_prompts} (lower task.num_prompts to "
+                      f"hold out more)", stacklevel=2)
+    return DataLoader(HeldOutPrompts(offset, count), batch_size=config.prompts_per_batch,
+                      shuffle=False)
 
 
 class EvalMetrics(nn.Module):

@@ -44,7 +44,10 @@ from lightning_adv.kl_control import KLControllerConfig
 from lightning_adv.ppo_loss import KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS, PPOLoss
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
+from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
+from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
+from lightning_adv.trainer.recipe_inputs import check_greedy_baseline, greedy_rewards, sum_pi_squared
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
@@ -69,6 +72,11 @@ class PPOConfig:
     """token limit of one policy turn (null: the task's default)"""
     temperature: float = 1.0
     """sampling temperature; log-probs in the loss use the same temperature"""
+    top_k: int = 0
+    """sample from the k most likely tokens only (0: all; a Hugging Face policy only)"""
+    top_p: float = 1.0
+    """sample from the smallest set of tokens whose probability reaches top_p (1.0: all; a
+    Hugging Face policy only). Log-probs in the loss are those of the full distribution"""
     epochs: int = 2
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
@@ -111,12 +119,20 @@ class PPOConfig:
     """bootstrap rows cut by the token limit from the critic's value after their last token
     (AReaL's behaviour; no loss ever trains that value); false: the limit ends the episode,
     so the value after its last token is 0"""
+    greedy_baseline: bool = False
+    """also sample one greedy response per prompt; its task reward is the batch key
+    reward_baselines (ReMax's baseline, recipe remax); it takes no part in the update"""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO dynamic sampling: {enabled, max_rounds}: keep only prompt groups whose rewards
+    differ, sampling more prompts (up to max_rounds rounds) until the step is full"""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
             check_int(f"ppo.{name}", getattr(self, name))
         if self.max_new_tokens is not None:
             check_int("ppo.max_new_tokens", self.max_new_tokens)
+        check_int("ppo.top_k", self.top_k, minimum=0)
+        check_number("ppo.top_p", self.top_p, positive=True, maximum=1.0)
         for name in ("temperature", "clip_eps", "lr"):
             check_number(f"ppo.{name}", getattr(self, name), positive=True)
         if self.clip_eps >= 1:
@@ -138,6 +154,14 @@ class PPOConfig:
             if self.dual_clip == 1.0:
                 fail("ppo.dual_clip", "a number > 1 or null", self.dual_clip)
         check_bool("ppo.bootstrap_truncated", self.bootstrap_truncated)
+        check_bool("ppo.greedy_baseline", self.greedy_baseline)
+        convert_field(self, "dynamic_sampling", nested_config(
+            DynamicSamplingConfig, "ppo.dynamic_sampling", self.dynamic_sampling))
+        if not isinstance(self.dynamic_sampling, DynamicSamplingConfig):
+            fail("ppo.dynamic_sampling", "{enabled: true|false, max_rounds: N}", self.dynamic_sampling)
+        if self.dynamic_sampling.enabled and self.n_samples < 2:
+            fail("ppo.dynamic_sampling.enabled", "false with ppo.n_samples < 2 (a group of one "
+                 "response never has differing rewards)", True)
         check_bool("ppo.kv_cache", self.kv_cache)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
@@ -244,31 +268,26 @@ class PPOModule(pl.LightningModule):
         self.eval_config = _as(EvalConfig, evaluation, "evaluation")
         self.sample_log_config = _as(SampleLogConfig, sample_log, "sample_log")
         check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
+        warn_unused_critic(self.actor_config, self.policy_config)
         self.save_hyperparameters(module_hparams(
             self.actor_config, self.policy_config, self.ppo_config, self.task_config,
             self.prm_config, advantage_module, seed, self.kl_controller_config,
             self.eval_config, self.sample_log_config))
 
-        self.runtime = TaskRuntime(self.task_config)
-        self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
-                                                       self.policy_config)
+        hf = check_hf_options(self.policy_config, self.ppo_config, self.task_config)
+        self.runtime, self.max_new_tokens, max_len = task_runtime(
+            self.task_config, self.ppo_config, self.policy_config, hf)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
         check_rollout_shape(self.actor_config, self.ppo_config, self.task_config, self.runtime)
-        vocab = self.runtime.vocab
         self._seed = seed
-        # The initial weights come from the run's seed too, not from whatever the global RNG
-        # holds: the same seed gives the same policy, whatever ran before.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "init"))
-            self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
-                                            banned_tokens=(vocab.pad_id, vocab.bos_id))
-        self.critic = self.policy_config.value_head
-        self.ref_policy: Optional[CausalTransformer] = None
-        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0:
-            self.ref_policy = copy.deepcopy(self.policy)
-            self.ref_policy.value_head = None
-            self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        self.hf_tokenizer = hf.tokenizer.tokenizer if hf is not None else None
+        """the Hugging Face policy's tokenizer (saved beside it); None for the built-in policy"""
         self.advantage = build_advantage_module(advantage_module, self.actor_config)
+        self.recipe_inputs = self.advantage.required_batch_keys
+        """optional batch keys the advantage stages read (sum_pi_squared, reward_baselines, ...)"""
+        check_greedy_baseline(self.recipe_inputs, self.ppo_config.greedy_baseline)
+        self.policy, self.ref_policy = self._build_policies(max_len)
+        self.critic = self.policy_config.value_head
         self.scorers = [(f"prm.scorers[{i}] {s.path!r}",
                          resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
                          float(s.weight), dict(s.kwargs))
@@ -286,6 +305,29 @@ class PPOModule(pl.LightningModule):
         """mean task reward of each training step of this process (for the run summary)"""
         self._loader: Optional[PromptLoader] = None
 
+    def _build_policies(self, max_len: int) -> tuple[torch.nn.Module, Any]:
+        """The policy and, when a KL term needs it, the frozen reference (under LoRA the
+        policy with its adapters disabled). The initial weights come from the run's seed
+        too, not from whatever the global RNG holds: the same seed, the same policy."""
+        need_reference = (self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0
+                          or "ref_logp" in self.recipe_inputs)
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import build_hf_policy
+
+            policy = build_hf_policy(self.policy_config, seed=derive_seed(self.seed, "init"))
+            return policy, policy.reference() if need_reference else None
+        vocab = self.runtime.vocab
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "init"))
+            policy = CausalTransformer(self.policy_config, len(vocab), max_len,
+                                       banned_tokens=(vocab.pad_id, vocab.bos_id))
+        if not need_reference:
+            return policy, None
+        reference = copy.deepcopy(policy)
+        reference.value_head = None
+        reference.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        return policy, reference
+
     # ------------------------------------------------------------------ Lightning hooks
 
     @property
@@ -298,13 +340,15 @@ class PPOModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         # The fused kernel updates all parameters in one pass: the same update (to float
-        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU.
+        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU. Lightning's
+        # mixed precision refuses to clip the gradients of a fused optimizer.
+        mixed = "mixed" in str(getattr(self._trainer, "precision", "") or "")
         return torch.optim.AdamW(params, lr=self.ppo_config.lr,
                                  weight_decay=self.ppo_config.weight_decay,
-                                 fused=self.device.type in ("cpu", "cuda"))
+                                 fused=self.device.type in ("cpu", "cuda") and not mixed)
 
     def train_dataloader(self) -> PromptLoader:
-        dataset = PromptDataset(self.task_config.num_prompts)
+        dataset = PromptDataset(self.runtime.num_prompts)
         sampler = PromptSampler(dataset, self.ppo_config.prompts_per_step,
                                 num_replicas=self.trainer.world_size,
                                 rank=self.trainer.global_rank, seed=self.seed)
@@ -328,8 +372,48 @@ class PPOModule(pl.LightningModule):
             group["lr"] = self.ppo_config.lr
             group["weight_decay"] = self.ppo_config.weight_decay
 
+    def on_fit_start(self) -> None:
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import check_device_dtype
+
+            check_device_dtype(self.policy_config.dtype, self.device)
+            if self._fsdp() and self.policy_config.lora is not None:
+                raise ValueError("policy.lora: LoRA under the FSDP strategy is not supported "
+                                 "(saving would need the sharded adapters merged); use DDP")
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
+        self.save_hf_model()
+
+    def on_train_end(self) -> None:
+        self.save_hf_model()
+
+    @property
+    def hf_model_dir(self) -> Optional[str]:
+        """Where the Hugging Face policy is saved: ``<run directory>/hf_model`` (None for the
+        built-in policy)."""
+        if self.hf_tokenizer is None or self._trainer is None:
+            return None
+        return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "hf_model")
+
+    def _fsdp(self) -> bool:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy)
+
+    def save_hf_model(self) -> None:
+        """Write the policy with ``save_pretrained`` (rank 0), with each checkpoint and at the
+        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``.
+        Under FSDP every rank takes part in gathering the full state dict first."""
+        directory = self.hf_model_dir
+        if directory is None:
+            return
+        state = None
+        if self._fsdp():  # collective: the full, unsharded weights, on rank 0 only
+            full = self.trainer.strategy.lightning_module_state_dict()
+            state = {k[len("policy."):]: v for k, v in full.items() if k.startswith("policy.")}
+        if self.trainer.is_global_zero:
+            self.policy.save_pretrained(directory, self.hf_tokenizer, state_dict=state)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
@@ -344,12 +428,12 @@ class PPOModule(pl.LightningModule):
     # ------------------------------------------------------------------ evaluation
 
     def val_dataloader(self) -> Any:
-        return held_out_loader("val", self.task_config.num_prompts, self.eval_config) \
-            if self.eval_config.num_prompts else []
+        return held_out_loader("val", self.runtime.num_prompts, self.eval_config,
+                               self.runtime.task.pool_size) if self.eval_config.num_prompts else []
 
     def test_dataloader(self) -> Any:
-        return held_out_loader("test", self.task_config.num_prompts, self.eval_config) \
-            if self.eval_config.num_prompts else []
+        return held_out_loader("test", self.runtime.num_prompts, self.eval_config,
+                               self.runtime.task.pool_size) if self.eval_config.num_prompts else []
 
     def predict_dataloader(self) -> Any:
         return self.test_dataloader()
@@ -368,13 +452,27 @@ class PPOModule(pl.LightningModule):
                  ) -> tuple[list[list[Any]], list[list[Any]]]:
         """One greedy and ``evaluation.n_samples`` sampled episodes per prompt, scored."""
         gen = generator(self.seed, "eval", stage, batch_idx, self.global_rank)
-        common = dict(max_new_tokens=self.max_new_tokens, temperature=self.ppo_config.temperature,
-                      gen=gen, kv_cache=self.ppo_config.kv_cache)
-        greedy = generate(self.policy, self.runtime, indices, 1, greedy=True, **common)
-        sampled = generate(self.policy, self.runtime, indices, self.eval_config.n_samples, **common)
+        greedy = self._generate(indices, 1, gen, greedy=True)
+        sampled = self._generate(indices, self.eval_config.n_samples, gen)
         score(greedy, self.runtime)
         score(sampled, self.runtime)
         return greedy, sampled
+
+    def _generate(self, indices: list[int], n: int, gen: torch.Generator,
+                  greedy: bool = False) -> list[list[Any]]:
+        """``n`` episodes per prompt with either policy, at the rollout's sampling settings
+        (``greedy``: the most likely token)."""
+        cfg = self.ppo_config
+        if self.hf_tokenizer is None:
+            return generate(self.policy, self.runtime, indices, n, self.max_new_tokens,
+                            cfg.temperature, gen, kv_cache=cfg.kv_cache, greedy=greedy)
+        from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+        # top-k 1 leaves the most likely token alone: the draw is the argmax
+        params = (SamplingParams(top_k=1) if greedy else
+                  SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p))
+        return hf_generate(self.policy, self.runtime, indices, n, self.max_new_tokens, params,
+                           gen, kv_cache=cfg.kv_cache)
 
     def _evaluation_step(self, batch: Tensor, batch_idx: int, stage: str) -> None:
         greedy, sampled = self.evaluate(batch.tolist(), stage, batch_idx)
@@ -395,8 +493,13 @@ class PPOModule(pl.LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> None:
         step, rank = self.rollout_step, self.global_rank
         try:
-            groups = self.rollout(batch.tolist(), generator(self.seed, "rollout", step, rank))
-            rollout, meta = self.make_batch(groups)
+            groups, sampled = self.sample_groups(batch.tolist(), step, rank)
+            baselines = None
+            if self.ppo_config.greedy_baseline:
+                baselines = self.greedy_baselines([g[0].index for g in groups])
+                self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
+                         on_epoch=False, batch_size=len(baselines), sync_dist=True)
+            rollout, meta = self.make_batch(groups, baselines)
         except Exception:
             # A task function failing on this rank only: the other ranks are about to wait
             # in the advantage module's collectives; let them fail too.
@@ -405,26 +508,82 @@ class PPOModule(pl.LightningModule):
         self._apply_kl_coef()
         out = self.advantage(rollout, meta, prm=self.prm_shaping)
         self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
-        self.log_step(rollout, out, meta, groups)
+        self.log_step(rollout, out, meta, groups, sampled)
         self._update_kl_controller(out)
         self.rollout_step += 1
         if self._loader is not None:
             self._loader.step_done(self.current_epoch)
 
+    def sample_groups(self, indices: list[int], step: int,
+                      rank: int) -> tuple[list[list[Any]], list[list[Any]]]:
+        """The step's prompt groups to train on, and the groups of its first round (the
+        loader's prompts, an unbiased sample for the reward metrics); with
+        ``ppo.dynamic_sampling`` only groups whose rewards differ are kept."""
+        gen = generator(self.seed, "rollout", step, rank)
+        dynamic = self.ppo_config.dynamic_sampling
+        if not dynamic.enabled:
+            groups = self.rollout(indices, gen)
+            return groups, groups
+        prompts = generator(self.seed, "dynamic_sampling", step, rank)
+        pool = self.runtime.num_prompts
+
+        def draw(n: int) -> list[int]:
+            return torch.randint(pool, (n,), generator=prompts).tolist()
+
+        result = sample_with_signal(indices, lambda idx: self.rollout(idx, gen), draw,
+                                    dynamic.max_rounds)
+        if result.short:
+            warnings.warn(f"ppo.dynamic_sampling: after {result.rounds} rounds (max_rounds) only "
+                          f"{len(result.groups) - len(result.topped_up)} of {len(indices)} prompt "
+                          f"groups have differing rewards; training step {step} on them and "
+                          f"{len(result.topped_up)} groups of equal rewards", UserWarning,
+                          stacklevel=2)
+        self.log_dict({"train/dynamic_filtered_fraction": result.filtered_fraction,
+                       "train/dynamic_rounds": float(result.rounds)}, on_step=True,
+                      on_epoch=False, batch_size=len(indices), sync_dist=True)
+        return result.groups, result.first_round
+
     @torch.no_grad()
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
         """Sample and score ``n_samples`` episodes for each prompt index."""
         self.policy.eval()
-        groups = generate(self.policy, self.runtime, indices, self.ppo_config.n_samples,
-                          self.max_new_tokens, self.ppo_config.temperature, gen,
-                          kv_cache=self.ppo_config.kv_cache)
+        cfg = self.ppo_config
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+            groups = hf_generate(self.policy, self.runtime, indices, cfg.n_samples,
+                                 self.max_new_tokens,
+                                 SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p), gen,
+                                 kv_cache=cfg.kv_cache)
+        else:
+            groups = generate(self.policy, self.runtime, indices, cfg.n_samples,
+                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache)
         self.policy.train()
         score(groups, self.runtime, self.scorers)
         return groups
 
     @torch.no_grad()
-    def make_batch(self, groups: list[list[Any]]) -> tuple[dict[str, Any], BatchMeta]:
-        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes."""
+    def greedy_baselines(self, indices: list[int]) -> list[float]:
+        """The task reward of one greedy response per prompt (``ppo.greedy_baseline``)."""
+        if self.hf_tokenizer is None:
+            return greedy_rewards(self.policy, self.runtime, indices, self.max_new_tokens,
+                                  self.ppo_config.kv_cache)
+        from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+        self.policy.eval()
+        # top-k 1 leaves the most likely token alone: the draw is the argmax
+        groups = hf_generate(self.policy, self.runtime, indices, 1, self.max_new_tokens,
+                             SamplingParams(top_k=1), torch.Generator(),
+                             kv_cache=self.ppo_config.kv_cache)
+        self.policy.train()
+        score(groups, self.runtime)
+        return [group[0].reward for group in groups]
+
+    @torch.no_grad()
+    def make_batch(self, groups: list[list[Any]],
+                   reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
+        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes,
+        and the optional keys the advantage stages read (``recipe_inputs``)."""
         batch, meta = build_batch(groups, multi_turn=self.runtime.task.max_turns > 1,
                                   process_rewards=bool(self.scorers))
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -432,6 +591,7 @@ class PPOModule(pl.LightningModule):
         next_real = torch.nn.functional.pad(attention[:, 1:], (0, 1))  # token t+1 exists
         temperature = self.ppo_config.temperature
         sampled_values = batch.pop("values", None)
+        logits = None
         if self.critic or self.actor_config.recompute_logprob:
             if self.actor_config.recompute_logprob or sampled_values is None:
                 logits, values = self.policy(ids)
@@ -450,6 +610,14 @@ class PPOModule(pl.LightningModule):
         if self.ref_policy is not None:
             ref_logits, _ = self.ref_policy(ids)
             batch["ref_logp"] = next_token_logprobs(ref_logits, ids, temperature) * next_real
+        if "sum_pi_squared" in self.recipe_inputs:
+            if logits is None:
+                logits, _ = self.policy(ids)
+            batch["sum_pi_squared"] = sum_pi_squared(logits, temperature) * next_real
+        if reward_baselines is not None:
+            sizes = torch.tensor(meta.traj_group_sizes, device=self.device)
+            batch["reward_baselines"] = torch.repeat_interleave(
+                torch.tensor(reward_baselines, dtype=torch.float32, device=self.device), sizes)
         return batch, meta
 
     def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
@@ -488,12 +656,15 @@ class PPOModule(pl.LightningModule):
 
     @torch.no_grad()
     def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,
-                 groups: list[list[Any]]) -> None:
+                 groups: list[list[Any]], sampled: Optional[list[list[Any]]] = None) -> None:
+        """``sampled``: the groups whose rewards ``train/task_reward`` reports (default
+        ``groups``; under dynamic sampling the first round's, unfiltered)."""
         m = out["loss_mask"]
         metrics = self.metrics
         episodes = [ep for group in groups for ep in group]
         task_rewards = torch.tensor([ep.reward for ep in episodes], device=m.device)
-        metrics.update("task_reward", task_rewards)
+        reported = [ep.reward for group in (sampled or groups) for ep in group]
+        metrics.update("task_reward", torch.tensor(reported, device=m.device))
         metrics.update("rlhf_reward", rlhf_rewards(task_rewards, out))
         metrics.update("response_length", batch["loss_mask"].sum(1).float())
         metrics.update("truncated", batch["is_truncated"].float())
@@ -543,6 +714,51 @@ class PPOModule(pl.LightningModule):
         experiment = getattr(logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
+
+
+def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
+    """A pretrained policy's setup (files, config, tokenizer; no weights loaded), or None for
+    the built-in policy, whose sampler has no top-k / top-p and no stop strings."""
+    if policy.pretrained is None:
+        for name, off in (("top_k", 0), ("top_p", 1.0)):
+            if getattr(ppo, name) != off:
+                raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
+                                 f"(policy.pretrained) only; the built-in policy samples from "
+                                 f"the full distribution")
+        if task.stop_strings:
+            raise ValueError("task.stop_strings: supported with a Hugging Face policy "
+                             "(policy.pretrained) only; the built-in policy's turns end at "
+                             "<eos> or the token limit")
+        return None
+    from lightning_adv.trainer.hf_policy import check_hf_policy
+
+    return check_hf_policy(policy, task.chat_template)
+
+
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any
+                 ) -> tuple[TaskRuntime, int, int]:
+    """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
+    ``hf``), the tokens per policy turn and the built-in policy's sequence length. With a
+    HF policy every prompt must leave room in the context window for the episode: every
+    turn's limit and the replies between (counted in the task's symbols; a chat
+    template's framing is checked while sampling)."""
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
+    max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
+    if hf is not None:
+        t = runtime.task
+        runtime.context_window = hf.context_window
+        runtime.episode_budget = t.max_turns * max_new_tokens + (t.max_turns - 1) * t.max_reply_len
+    return runtime, max_new_tokens, max_len
+
+
+def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
+    """A critic-free recipe with a value head: GAE would subtract the critic's values on top
+    of the recipe's own baseline (or train a critic nobody reads)."""
+    reason = critic_free_reason(actor)
+    if policy.value_head and reason is not None:
+        warnings.warn(f"policy.value_head: true, but {reason}; the critic's values are subtracted "
+                      f"as a second baseline or trained for nothing. Set model.policy.value_head: "
+                      f"false for a critic-free recipe", UserWarning, stacklevel=3)
 
 
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
@@ -635,8 +851,8 @@ def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
         raise ValueError(f"ppo.n_samples: each prompt needs at least 2 samples, because "
                          f"{', '.join(grouped)} work within each prompt's group of responses "
                          f"(with 1 sample every advantage is 0), got {ppo.n_samples}")
-    if task.num_prompts < ppo.prompts_per_step:
-        raise ValueError(f"task.num_prompts: the pool ({task.num_prompts}) is smaller than one "
+    if runtime.num_prompts < ppo.prompts_per_step:
+        raise ValueError(f"task.num_prompts: the pool ({runtime.num_prompts}) is smaller than one "
                          f"step's prompts (ppo.prompts_per_step={ppo.prompts_per_step})")
     rows = ppo.prompts_per_step // max(world_size, 1) * ppo.n_samples
     if ppo.minibatches > rows:
@@ -683,13 +899,21 @@ def validate_model_config(values: Mapping[str, Any],
     evaluation = _as(EvalConfig, values.get("evaluation"), "evaluation")
     sample_log = _as(SampleLogConfig, values.get("sample_log"), "sample_log")
     check_trainer_options(actor, prm, kl_controller)
-    runtime = TaskRuntime(task)
-    max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
+    hf = check_hf_options(policy, ppo, task)
+    if hf is not None and policy.dtype == "float16" and not torch.cuda.is_available():
+        from lightning_adv.trainer.hf_policy import check_device_dtype
+
+        check_device_dtype(policy.dtype, "cpu")
+    runtime, max_new_tokens, _ = task_runtime(task, ppo, policy, hf)
+    # A dataset's every line (a missing prompt, one too long for the model) fails here,
+    # before training; drawn tasks check the prompts of the first steps.
+    runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
     check_length_penalty(actor, runtime, max_new_tokens)
     check_rollout_shape(actor, ppo, task, runtime, world_size_of(trainer))
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
-    build_advantage_module(path, actor)
+    module = build_advantage_module(path, actor)
+    check_greedy_baseline(module.required_batch_keys, ppo.greedy_baseline)
     return module_hparams(actor, policy, ppo, task, prm, path, values.get("seed"), kl_controller,
                           evaluation, sample_log)

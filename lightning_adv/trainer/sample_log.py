@@ -4,6 +4,7 @@ one table of prompt, response and task reward, the first response of each of the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,7 +29,9 @@ class SampleLogConfig:
         return self.every_n_steps > 0 and step % self.every_n_steps == 0
 
 
-def _cell(text: str) -> str:
+def _cell(text: Any) -> str:
+    if not isinstance(text, str):  # a chat prompt: its messages
+        text = json.dumps(text)
     # Markdown table cells: a pipe would end the cell; angle brackets would vanish as HTML.
     escaped = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     return f"`{escaped}`" if escaped else "(empty)"

@@ -47,16 +47,16 @@ class Episode:
 
     @property
     def truncated(self) -> bool:
-        return bool(self.turns) and not self.turns[-1].eos
+        return bool(self.turns) and not self.turns[-1].ended
 
 
 @torch.no_grad()
 def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
              n_samples: int, max_new_tokens: int, temperature: float,
-             gen: torch.Generator, kv_cache: bool = True, greedy: bool = False
-             ) -> list[list[Episode]]:
-    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt
-    (``greedy``: the most likely token at every step instead of a sample).
+             gen: torch.Generator, kv_cache: bool = True,
+             greedy: bool = False) -> list[list[Episode]]:
+    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
+    ``greedy`` takes the most likely token at every step instead (``gen`` is not used).
 
     With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
     decoding); without it, each step re-reads every row's whole prefix. Both sample the
@@ -65,12 +65,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
     """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
-    episodes: list[Episode] = []
-    for index in indices:
-        instance, prompt = runtime.instance(int(index))
-        for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    episodes = start_episodes(runtime, indices, n_samples)
     width = task.max_episode_len(max_new_tokens)
     buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
     for row, ep in enumerate(episodes):
@@ -89,8 +84,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         else:
             last = reader.read_active(buffer, rows, lengths)
         logp = finite_or_raise(torch.log_softmax(last / temperature, dim=-1), "policy logits").cpu()
-        picked = (logp.argmax(-1) if greedy else
-                  torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
+        picked = (logp.argmax(dim=-1) if greedy
+                  else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
         picked_ids = picked.tolist()
         buffer[rows, lengths] = picked.to(device)
@@ -110,6 +105,17 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         reader.finish(buffer, episodes)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
+
+
+def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
+    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
+    episodes: list[Episode] = []
+    for index in indices:
+        instance, prompt = runtime.instance(int(index))
+        for _ in range(n_samples):
+            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    return episodes
 
 
 class _CachedReader:
@@ -182,8 +188,10 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
     task = runtime.task
     for group in groups:
         for sample_no, ep in enumerate(group):
-            ep.sample = Sample(index=ep.index, instance=ep.instance,
-                               prompt=runtime.vocab.decode(ep.tokens[: _prompt_len(ep)]),
+            prompt = runtime.prompt_text(ep.index)  # the task's text, not a chat rendering
+            if not isinstance(prompt, str):  # chat messages: the rendered text
+                prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
+            ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
                                turns=tuple(ep.turns), truncated=ep.truncated,
                                target=task.target(ep.instance))
             ep.reward = runtime.reward(ep.sample, sample_no)
