@@ -1,7 +1,7 @@
 """The LightningCLI of the trainer: ``python -m lightning_adv fit --config configs/ppo.yaml``.
 
-jsonargparse checks types (and ``Literal`` choices) while parsing; before anything is
-instantiated, :meth:`LightningAdvCLI.before_instantiate_classes` builds the model's
+jsonargparse checks types (and ``Literal`` choices) while parsing; right after it, before
+anything runs, :meth:`LightningAdvCLI.check_config` builds the model's
 config dataclasses, the task, the process scorers and the ``AdvantageModule`` (which
 resolves every stage path), so a wrong stage name, a bad kwarg or an unimportable path
 is a usage error (exit 2) that names the key, before any model or logger exists. A usage
