@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.meta import BatchMeta
+from lightning_adv.workspace import scratch
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
@@ -37,8 +38,9 @@ class BatchFacts:
     """[B] long: attended tokens per row"""
     is_truncated: Tensor
     """[B] bool: explicit ``is_truncated`` if given, else ``seqlen == T``"""
-    loss_mask: Tensor
-    """[B, T] float32 0/1: the token-aligned loss mask"""
+    aligned_loss_mask: Tensor
+    """[B, T] float32 0/1: the loss mask moved to the next-token convention (position t
+    is 1 when token t+1 was generated); a new tensor"""
 
 
 def _fail(key: str, expected: str, got: Any, exc: type[Exception] = ValueError) -> NoReturn:
@@ -62,29 +64,56 @@ def _check_finite(key: str, x: Tensor) -> None:
               f"{x[index].item()})")
 
 
-def _check_binary(key: str, x: Tensor) -> None:
+def _as_float32(x: Tensor, key: str) -> Tensor:
+    """``x`` itself when float32, else a float32 copy in a scratch buffer: one conversion
+    pass, after which every check below is a vectorized float32 reduction (on CPU integer
+    reductions and comparisons producing bool tensors cost several times more)."""
+    if x.dtype == torch.float32:
+        return x
+    return scratch(x.shape, torch.float32, x.device).copy_(x)
+
+
+def _check_binary(key: str, x: Tensor, as_float: Tensor) -> None:
+    """``x`` holds only 0 and 1; ``as_float`` is ``x`` in float32 (any element order)."""
     if x.dtype == torch.bool:
         return
-    if not x.is_floating_point() and not x.is_complex():
-        # Integers are 0/1 exactly when they lie in [0, 1]: one min/max pass.
-        low, high = torch.aminmax(x)
-        if bool((low >= 0) & (high <= 1)):
+    if x.dtype == torch.float32 or not x.is_floating_point():
+        # Integers convert to 0.0 and 1.0 exactly when they are 0 and 1, so a [0, 1]
+        # range decides; a float32 mask must also have no fractions (ceil(x) = x). NaN
+        # fails the range check.
+        low, high = torch.stack([as_float.amin(), as_float.amax()]).tolist()
+        if low >= 0 and high <= 1 and (x.dtype != torch.float32 or x.numel() == 0 or
+                                       float(_fractions(key, x).amax()) == 0):
             return
-    if not bool(((x == 0) | (x == 1)).all()):
-        _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+    elif bool(((x == 0) | (x == 1)).all()):  # float64/16: converting could round to 0/1
+        return
+    _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+
+
+def _fractions(key: str, x: Tensor) -> Tensor:
+    """``ceil(x) - x`` (zero exactly where x is an integer), in a scratch buffer."""
+    out = scratch(x.shape, x.dtype, x.device)
+    return torch.ceil(x, out=out).sub_(x)
 
 
 def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
-    """Seqlens [B] and the float token-aligned loss mask, once the masks are known to be 0/1.
+    """Seqlens [B] and the next-token-aligned float32 loss mask (a new tensor: the
+    module's ``loss_mask`` output), after checking that both masks are 0/1, that the
+    attention mask is right-padded, that generated tokens lie inside it and that column
+    0 is not generated.
 
-    Checks that the attention mask is right-padded, that generated tokens lie inside it and
-    that column 0 is not generated. The common (valid) case is decided with row sums and
-    one small matrix product in float32, exact for integer sums below 2**24: elementwise
-    boolean tensors over [B, T] cost several times more. They are built only to name the
-    rows of an error.
+    Each mask is read once into float32 (the aligned loss mask is that conversion,
+    shifted); the checks are float32 row sums, two matrix-vector products and one
+    product, exact for integer sums below 2**24. Elementwise boolean tensors are built
+    only to name the rows of an error.
     """
     width = attention.shape[1]
-    att, active = attention.float(), loss.float()
+    att = _as_float32(attention, "attention_mask")
+    aligned = torch.empty(loss.shape, dtype=torch.float32, device=loss.device)
+    aligned[:, :-1].copy_(loss[:, 1:])
+    aligned[:, -1].copy_(loss[:, 0])  # torch.roll's wrap-around; checked to be 0 below
+    _check_binary("attention_mask", attention, att)
+    _check_binary("loss_mask", loss, aligned)
     seqlens = att.sum(dim=1)
     # The s ones of a row sit at positions 0..s-1 exactly when their positions sum to
     # s(s-1)/2; positions split as 64*hi + lo keep every partial sum exact in float32.
@@ -101,14 +130,17 @@ def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
         if bool(gaps.any()):
             _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
                   f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
-    outside = (active * att).sum(dim=1) != active.sum(dim=1)
+    product = scratch((loss.shape[0], width - 1), torch.float32, loss.device)
+    inside = torch.mul(aligned[:, :-1], att[:, 1:], out=product).sum(dim=1)
+    first = aligned[:, -1]
+    outside = inside + first * att[:, 0] != aligned.sum(dim=1)
     if bool(outside.any()):
         _fail("loss_mask", "generated tokens only where attention_mask is 1",
               f"generated tokens on padding in rows {outside.nonzero().flatten().tolist()[:10]}")
-    if bool(active[:, 0].any()):
+    if bool(first.any()):
         _fail("loss_mask", "0 in column 0 (the first token is a prompt token; nothing predicts "
-              "it)", f"1 in rows {active[:, 0].nonzero().flatten().tolist()[:10]}")
-    return seqlens.long(), active
+              "it)", f"1 in rows {first.nonzero().flatten().tolist()[:10]}")
+    return seqlens.long(), aligned
 
 
 def _check_required(batch: Any) -> tuple[int, int, torch.device]:
@@ -175,7 +207,7 @@ def _truncation(truncated: Any, seqlens: Tensor, bs: int, width: int,
         _fail("is_truncated", f"a tensor on {device}", truncated.device)
     if truncated.is_floating_point() or truncated.is_complex():
         _fail("is_truncated", "a bool or integer tensor", truncated.dtype)
-    _check_binary("is_truncated", truncated)
+    _check_binary("is_truncated", truncated, truncated.float())
     return truncated.bool()
 
 
@@ -196,10 +228,8 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta]) -> BatchFacts:
     for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
         if present(batch, key):
             _check_token_tensor(key, batch[key], bs, width, device)
-    for key in MASK_KEYS:
-        _check_binary(key, batch[key])
-    seqlens, loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
+    seqlens, aligned_loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
     _check_rewards(batch["rewards"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)
-    return BatchFacts(bs, width, device, seqlens, truncated, loss_mask)
+    return BatchFacts(bs, width, device, seqlens, truncated, aligned_loss_mask)

@@ -28,6 +28,7 @@ from lightning_adv.normalization import norm_errors, normalize, normalize_outcom
 from lightning_adv.prm import resolve_process_mode
 from lightning_adv.rewards import apply_length_penalty
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
+from lightning_adv.workspace import ThreadWorkspaces
 
 class AdvantageModule(nn.Module):
     """Computes advantages, returns and rewards for a rollout batch (SPEC §3, §5).
@@ -64,6 +65,9 @@ class AdvantageModule(nn.Module):
             self.process = resolve_stage("process_adv_shaping", advantage.process_adv_shaping, config)
         if isinstance(config.gae_lambda, str):
             resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
+        self.workspaces = ThreadWorkspaces()
+        """scratch buffers of the pipeline's temporaries, kept from call to call (CPU); see
+        :mod:`lightning_adv.workspace`. ``module.workspaces.release()`` frees them."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -71,12 +75,13 @@ class AdvantageModule(nn.Module):
     def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
-            facts = validate_batch(batch, meta)
-            replaced = self.config.advantage.is_replaced
-            # Check the call-time prm before any work (its mode is resolved per stage call).
-            resolve_process_mode(prm, self.config, None if replaced else self.process)
-            compute = self.compute_replacement if replaced else self.compute_default
-            out = compute(batch, meta, prm, facts)
+            with self.workspaces.get().active():
+                facts = validate_batch(batch, meta)
+                replaced = self.config.advantage.is_replaced
+                # Check the call-time prm before any work (its mode is resolved per stage call).
+                resolve_process_mode(prm, self.config, None if replaced else self.process)
+                compute = self.compute_replacement if replaced else self.compute_default
+                out = compute(batch, meta, prm, facts)
         except PeerRankFailed:
             raise
         except Exception:
@@ -95,7 +100,7 @@ class AdvantageModule(nn.Module):
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
         aligned = align_batch(batch, facts, config, self._turn_ids_needed_by())
-        outcome_rewards = place_outcome(scores, aligned, config)
+        outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
         temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
@@ -184,6 +189,11 @@ class AdvantageModule(nn.Module):
         result = stage(inputs)
         call.check_inputs_untouched()
         return check(call, result)
+
+    def _estimator_is_builtin(self) -> bool:
+        """A built-in estimator reached through the default :meth:`estimate`: its inputs
+        never escape the pipeline."""
+        return self.estimator.builtin and type(self).estimate is AdvantageModule.estimate
 
     def _turn_ids_needed_by(self) -> Optional[str]:
         if self.estimator.builtin and self.estimator.implementation == "turn_gae":

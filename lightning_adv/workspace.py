@@ -1,0 +1,140 @@
+"""Scratch memory that one ``AdvantageModule`` reuses from call to call (CPU only).
+
+Why: with glibc's default allocator a large freed block is handed back to the operating
+system, so a call that allocates its ``[B, T]`` temporaries afresh pays a page fault per
+4 KiB page every time (several microseconds each on a virtual machine: more than the
+arithmetic on those pages). A :class:`Workspace` keeps the memory of the temporaries
+and hands it out again; PyTorch's CUDA allocator already caches, so on other devices
+:func:`scratch` is a plain ``torch.empty``.
+
+How reuse stays invisible:
+
+* a buffer is handed out only while nothing else references its memory (its storage's
+  use count is the pool's own), so a temporary still alive is never handed out twice:
+  correctness never depends on call sites agreeing on lifetimes;
+* only temporaries come from :func:`scratch`: every tensor returned to a caller outside
+  the pipeline (an output, an input handed to a user stage) is a fresh allocation, so the
+  outputs of two calls never share storage;
+* a workspace is active only inside :meth:`Workspace.active` (a context variable: other
+  threads, and the bare kernels called from user code, allocate as usual), and each
+  thread has its own (:class:`ThreadWorkspaces`).
+
+A workspace holds, between calls, as many buffers of each dtype as were alive at once,
+each as large as the largest asked for (a narrower batch reuses them); it is freed with
+its module, or by :meth:`Workspace.release`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+_ACTIVE: ContextVar[Optional["Workspace"]] = ContextVar("lightning_adv_workspace", default=None)
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class _Buffer:
+    __slots__ = ("flat", "storage", "free_count")
+
+    def __init__(self, numel: int, dtype: torch.dtype):
+        self.flat = torch.empty(numel, dtype=dtype)
+        self.storage = self.flat.untyped_storage()
+        # The references of the pool itself (the flat tensor and the storage object).
+        self.free_count = _use_count(self.storage._cdata)
+
+    def is_free(self) -> bool:
+        return _use_count(self.storage._cdata) == self.free_count
+
+
+class Workspace:
+    """Flat CPU buffers per dtype, handed out as contiguous views while unreferenced."""
+
+    def __init__(self) -> None:
+        self._pools: dict[torch.dtype, list[_Buffer]] = {}
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+        """An uninitialized contiguous CPU tensor of ``shape`` whose memory nothing else
+        references."""
+        numel, strides = 1, []
+        for size in reversed(shape):
+            strides.append(numel)
+            numel *= int(size)
+        pool = self._pools.setdefault(dtype, [])
+        chosen = None
+        for i, buffer in enumerate(pool):
+            if buffer.is_free():
+                if buffer.flat.numel() >= numel:
+                    chosen = buffer
+                    break
+                if chosen is None:
+                    chosen = i  # a free buffer too small: replace it rather than add one
+        if not isinstance(chosen, _Buffer):
+            buffer = _Buffer(numel, dtype)
+            if chosen is None:
+                pool.append(buffer)
+            else:
+                pool[chosen] = buffer
+            chosen = buffer
+        return chosen.flat.as_strided(tuple(shape), tuple(reversed(strides)))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(b.flat.numel() * b.flat.element_size()
+                   for pool in self._pools.values() for b in pool)
+
+    def release(self) -> None:
+        """Free every buffer (the next call allocates again)."""
+        self._pools.clear()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["Workspace"]:
+        """:func:`scratch` calls inside the block (this thread, this context) use this
+        workspace."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+
+class ThreadWorkspaces:
+    """One :class:`Workspace` per thread (a module called from two threads at once must
+    not hand both the same memory). Copies and pickles start empty: buffers are a cache."""
+
+    def __init__(self) -> None:
+        self._by_thread: dict[int, Workspace] = {}
+
+    def get(self) -> Workspace:
+        ident = threading.get_ident()
+        workspace = self._by_thread.get(ident)
+        if workspace is None:
+            workspace = self._by_thread[ident] = Workspace()
+        return workspace
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in list(self._by_thread.values()))
+
+    def release(self) -> None:
+        self._by_thread.clear()
+
+    def __getstate__(self) -> dict:
+        return {"_by_thread": {}}
+
+
+def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialized temporary of ``shape``: workspace memory on CPU while a workspace
+    is active, else ``torch.empty``. Never return it (or a view) to a caller outside the
+    pipeline."""
+    workspace = _ACTIVE.get()
+    if workspace is None or device.type != "cpu" or _use_count is None:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    return workspace.take(shape, dtype)
