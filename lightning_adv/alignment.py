@@ -68,15 +68,19 @@ class AlignedBatch:
 
 
 def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig,
-                turn_ids_needed_by: Optional[str] = None) -> AlignedBatch:
+                turn_ids_needed_by: Optional[str] = None,
+                estimator_reads_turn_ids: bool = True) -> AlignedBatch:
     """SPEC §3 steps 4, 5, 6 (KL) and 7: aligned masks, log-probs, KL and process rewards.
 
     ``turn_ids_needed_by`` names the stage that needs ``turn_ids`` (for the error message).
+    ``estimator_reads_turn_ids=False`` (a built-in token-level estimator) skips aligning
+    them unless process rewards are folded per turn.
     """
     rows = torch.arange(facts.batch_size, device=facts.device)
     mask = facts.aligned_loss_mask
     turn_ids = None
-    if present(batch, "turn_ids"):
+    folds_turns = present(batch, "token_rewards") and not config.token_rewards_as_adv
+    if present(batch, "turn_ids") and (estimator_reads_turn_ids or folds_turns):
         raw = batch["turn_ids"]
         turn_ids = _shift_left_into(torch.empty_like(raw, memory_format=torch.contiguous_format),
                                     raw, torch.full_like(raw[:, 0], -1))

@@ -7,6 +7,8 @@ caller's tensors.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
@@ -51,11 +53,12 @@ def _shape(x: Any) -> Any:
     return list(x.shape) if isinstance(x, Tensor) else type(x).__name__
 
 
-def _check_finite(key: str, x: Tensor) -> None:
-    # Fast path: a NaN or Inf element makes the sum non-finite, so a finite sum clears the
-    # tensor with one reduction (isfinite over [B, T] costs ten times more). A non-finite
-    # sum (a bad element, or an overflow) falls through to the exact check.
-    if bool(torch.isfinite(x.sum())):
+def _check_finite(key: str, x: Tensor, total: Optional[float] = None) -> None:
+    """Raise if ``x`` has a NaN or Inf entry. ``total`` is ``x.sum()`` when the caller
+    already read it: a NaN or Inf element makes the sum non-finite, so a finite sum clears
+    the tensor (isfinite over [B, T] costs ten times more); a non-finite sum (a bad
+    element, or an overflow) falls through to the exact check."""
+    if math.isfinite(float(x.sum()) if total is None else total):
         return
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
@@ -64,83 +67,128 @@ def _check_finite(key: str, x: Tensor) -> None:
               f"{x[index].item()})")
 
 
-def _as_float32(x: Tensor, key: str) -> Tensor:
+def _as_float32(x: Tensor) -> Tensor:
     """``x`` itself when float32, else a float32 copy in a scratch buffer: one conversion
-    pass, after which every check below is a vectorized float32 reduction (on CPU integer
+    pass, after which every check is a vectorized float32 reduction (on CPU integer
     reductions and comparisons producing bool tensors cost several times more)."""
     if x.dtype == torch.float32:
         return x
     return scratch(x.shape, torch.float32, x.device).copy_(x)
 
 
-def _check_binary(key: str, x: Tensor, as_float: Tensor) -> None:
-    """``x`` holds only 0 and 1; ``as_float`` is ``x`` in float32 (any element order)."""
-    if x.dtype == torch.bool:
-        return
-    if x.dtype == torch.float32 or not x.is_floating_point():
-        # Integers convert to 0.0 and 1.0 exactly when they are 0 and 1, so a [0, 1]
-        # range decides; a float32 mask must also have no fractions (ceil(x) = x). NaN
-        # fails the range check.
-        low, high = torch.stack([as_float.amin(), as_float.amax()]).tolist()
-        if low >= 0 and high <= 1 and (x.dtype != torch.float32 or x.numel() == 0 or
-                                       float(_fractions(key, x).amax()) == 0):
-            return
-    elif bool(((x == 0) | (x == 1)).all()):  # float64/16: converting could round to 0/1
-        return
-    _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+#: Below this many elements per tensor, fewer (larger) torch calls beat fewer passes over
+#: memory: each call costs microseconds of dispatch, each pass a few nanoseconds per
+#: kilobyte. Both variants compute the same numbers.
+SMALL = 1 << 17
+
+#: Widest batch whose position sums (at most ``T(T-1)/2``) are exact in float32.
+EXACT_POSITION_SUMS = 4096
 
 
-def _fractions(key: str, x: Tensor) -> Tensor:
-    """``ceil(x) - x`` (zero exactly where x is an integer), in a scratch buffer."""
-    out = scratch(x.shape, x.dtype, x.device)
-    return torch.ceil(x, out=out).sub_(x)
+@functools.lru_cache(maxsize=16)
+def _padding_weights(width: int, device: torch.device) -> tuple[Tensor, ...]:
+    """Column positions as float32 weights for the right-padding check and, indexed by a
+    row's length s, the sum ``s(s-1)/2`` of its first s positions: ``(pos, sums)`` when
+    every partial sum stays exact in float32, else ``(pos // 64, pos % 64)``."""
+    pos = torch.arange(width, device=device)
+    if width <= EXACT_POSITION_SUMS:
+        lengths = torch.arange(width + 1, device=device, dtype=torch.float64)
+        return pos.float(), (lengths * (lengths - 1) / 2).float()
+    return (pos // 64).float(), (pos % 64).float()
 
 
-def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
-    """Seqlens [B] and the next-token-aligned float32 loss mask (a new tensor: the
-    module's ``loss_mask`` output), after checking that both masks are 0/1, that the
-    attention mask is right-padded, that generated tokens lie inside it and that column
-    0 is not generated.
-
-    Each mask is read once into float32 (the aligned loss mask is that conversion,
-    shifted); the checks are float32 row sums, two matrix-vector products and one
-    product, exact for integer sums below 2**24. Elementwise boolean tensors are built
-    only to name the rows of an error.
-    """
-    width = attention.shape[1]
-    att = _as_float32(attention, "attention_mask")
+def aligned_loss_mask(loss: Tensor) -> Tensor:
+    """The loss mask moved to the next-token convention as a new float32 tensor:
+    ``torch.roll(loss, -1, dims=1)``, converted."""
+    if loss.numel() < SMALL:
+        return torch.roll(loss, -1, 1).float() if loss.dtype != torch.float32 \
+            else torch.roll(loss, -1, 1)
     aligned = torch.empty(loss.shape, dtype=torch.float32, device=loss.device)
-    aligned[:, :-1].copy_(loss[:, 1:])
-    aligned[:, -1].copy_(loss[:, 0])  # torch.roll's wrap-around; checked to be 0 below
-    _check_binary("attention_mask", attention, att)
-    _check_binary("loss_mask", loss, aligned)
-    seqlens = att.sum(dim=1)
-    # The s ones of a row sit at positions 0..s-1 exactly when their positions sum to
-    # s(s-1)/2; positions split as 64*hi + lo keep every partial sum exact in float32.
-    right_padded = False
-    if width <= 32768:
-        pos = torch.arange(width, device=att.device)
-        # two matrix-vector products: a [T, 2] matrix would take a much slower GEMM path
-        weighted = (att @ (pos // 64).float()).double() * 64 + (att @ (pos % 64).float()).double()
-        s = seqlens.double()
-        right_padded = bool((weighted == s * (s - 1) / 2).all())
-    if not right_padded:
-        on = attention.bool()
-        gaps = (on[:, 1:] & ~on[:, :-1]).any(dim=1)
-        if bool(gaps.any()):
-            _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
-                  f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
-    product = scratch((loss.shape[0], width - 1), torch.float32, loss.device)
-    inside = torch.mul(aligned[:, :-1], att[:, 1:], out=product).sum(dim=1)
-    first = aligned[:, -1]
-    outside = inside + first * att[:, 0] != aligned.sum(dim=1)
+    aligned[:, :-1].copy_(loss[:, 1:])  # one conversion pass instead of roll, then convert
+    aligned[:, -1].copy_(loss[:, 0])
+    return aligned
+
+
+class _MaskChecks:
+    """The mask checks of SPEC §1 as a few device reductions, decided after one host
+    transfer shared with the other checks of the batch.
+
+    Valid masks are 0/1, the attention mask is right-padded, generated tokens lie inside
+    it and column 0 is not generated. With ``att`` the attention mask and ``m`` the
+    aligned loss mask, both in float32 (each mask is read once: the aligned loss mask is
+    the module's ``loss_mask`` output), that is exactly: ``att`` in [0, 1]; ``m >= 0``;
+    ``m[:, t] <= att[:, t + 1]`` (so m <= 1 and every generated token is attended);
+    ``m[:, -1] = 0`` (column 0); integers (the dtype, or no fractions in float32);
+    attended positions summing to ``s(s-1)/2`` (the least sum of s distinct positions:
+    right padding). When any fails, :func:`_explain_mask_error` runs the checks one by
+    one, in the order the messages promise, to name the first failure.
+    """
+
+    def __init__(self, attention: Tensor, loss: Tensor):
+        self.attention, self.loss = attention, loss
+        bs, width = attention.shape
+        att = _as_float32(attention)
+        self.aligned = aligned = aligned_loss_mask(loss)
+        seqlens = att.sum(dim=1)
+        self.lengths = lengths = seqlens.long()
+        if width <= EXACT_POSITION_SUMS:
+            positions, sums = _padding_weights(width, att.device)
+            # (clamped: an invalid mask must reach its error message, not an IndexError)
+            padding_error = torch.dist(att @ positions, sums[lengths.clamp(0, width)])
+        else:
+            s = seqlens.double()
+            if width <= 32768:  # positions split as 64*hi + lo keep each sum exact in float32
+                hi, lo = _padding_weights(width, att.device)
+                weighted = (att @ hi).double() * 64 + (att @ lo).double()
+            else:
+                weighted = att.double() @ torch.arange(width, device=att.device, dtype=torch.float64)
+            padding_error = torch.dist(weighted, s * (s - 1) / 2)
+        uncovered = scratch((bs, width - 1), torch.float32, att.device)
+        self.reductions = [
+            att.amin(), att.amax(), aligned.amin(), aligned[:, -1].amax(), padding_error,
+            torch.sub(att[:, 1:], aligned[:, :-1], out=uncovered).amin()]
+        for x in (attention, loss):
+            if x.is_floating_point():  # float masks must also have no fractions
+                self.reductions.append(_fractions(x).amax())
+
+    def check(self, values: list[float]) -> tuple[Tensor, Tensor]:
+        """Raise the first violated check; return seqlens [B] (long) and the aligned
+        float32 loss mask."""
+        att_low, att_high, loss_low, first_high, padding_error, uncovered = values[:6]
+        integral = all(v == 0 for v in values[6:]) and not any(
+            x.is_floating_point() and x.dtype != torch.float32 for x in (self.attention, self.loss))
+        if not (att_low >= 0 and att_high <= 1 and loss_low >= 0 and first_high <= 0
+                and uncovered >= 0 and padding_error == 0 and integral):
+            _explain_mask_error(self.attention, self.loss)
+        return self.lengths, self.aligned
+
+
+def _explain_mask_error(attention: Tensor, loss: Tensor) -> None:
+    """The mask checks one by one (slow, exact): raise the first that fails. The fast
+    checks may also land here for a float64/float16 mask, which only the exact
+    comparison can clear."""
+    for key, x in (("attention_mask", attention), ("loss_mask", loss)):
+        if x.dtype != torch.bool and not bool(((x == 0) | (x == 1)).all()):
+            _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+    on = attention.bool()
+    gaps = (on[:, 1:] & ~on[:, :-1]).any(dim=1)
+    if bool(gaps.any()):
+        _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
+              f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
+    active, att = loss.double(), attention.double()
+    outside = (active * att).sum(dim=1) != active.sum(dim=1)
     if bool(outside.any()):
         _fail("loss_mask", "generated tokens only where attention_mask is 1",
               f"generated tokens on padding in rows {outside.nonzero().flatten().tolist()[:10]}")
-    if bool(first.any()):
+    if bool(active[:, 0].any()):
         _fail("loss_mask", "0 in column 0 (the first token is a prompt token; nothing predicts "
-              "it)", f"1 in rows {first.nonzero().flatten().tolist()[:10]}")
-    return seqlens.long(), aligned
+              "it)", f"1 in rows {active[:, 0].nonzero().flatten().tolist()[:10]}")
+
+
+def _fractions(x: Tensor) -> Tensor:
+    """``ceil(x) - x`` (zero exactly where x is an integer; NaN stays NaN)."""
+    out = scratch(x.shape, x.dtype, x.device)
+    return torch.ceil(x, out=out).sub_(x)
 
 
 def _check_required(batch: Any) -> tuple[int, int, torch.device]:
@@ -173,7 +221,6 @@ def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.dev
     if key in TOKEN_FLOAT_KEYS:
         if not x.is_floating_point():
             _fail(key, "a floating-point tensor", x.dtype)
-        _check_finite(key, x)
     elif x.is_complex():
         _fail(key, "a real tensor", x.dtype)
     elif key == "turn_ids" and x.is_floating_point() and not bool((x == x.round()).all()):
@@ -207,7 +254,10 @@ def _truncation(truncated: Any, seqlens: Tensor, bs: int, width: int,
         _fail("is_truncated", f"a tensor on {device}", truncated.device)
     if truncated.is_floating_point() or truncated.is_complex():
         _fail("is_truncated", "a bool or integer tensor", truncated.dtype)
-    _check_binary("is_truncated", truncated, truncated.float())
+    if not truncated.dtype == torch.bool:
+        low, high = torch.aminmax(truncated)
+        if not (bool(low >= 0) and bool(high <= 1)):
+            _fail("is_truncated", "only 0 and 1", f"values {torch.unique(truncated)[:6].tolist()}")
     return truncated.bool()
 
 
@@ -228,7 +278,15 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta]) -> BatchFacts:
     for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
         if present(batch, key):
             _check_token_tensor(key, batch[key], bs, width, device)
-    seqlens, aligned_loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
+    # One host transfer for every [B, T] check: the sums of the float tensors (finite
+    # exactly when their elements are, or an overflow: then the exact check decides) and
+    # the mask reductions.
+    float_keys = [key for key in TOKEN_FLOAT_KEYS if present(batch, key)]
+    masks = _MaskChecks(batch["attention_mask"], batch["loss_mask"])
+    values = torch.stack([batch[key].sum() for key in float_keys] + masks.reductions).tolist()
+    for key, total in zip(float_keys, values):
+        _check_finite(key, batch[key], total)
+    seqlens, aligned_loss_mask = masks.check(values[len(float_keys):])
     _check_rewards(batch["rewards"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)

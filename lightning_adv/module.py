@@ -99,7 +99,10 @@ class AdvantageModule(nn.Module):
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
-        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by())
+        # A built-in token-level estimator with a fixed lambda never reads turn ids.
+        reads_turn_ids = not (self._estimator_is_builtin() and not isinstance(config.gae_lambda, str)
+                              and self.estimator.implementation in ("token_gae", "reinforce"))
+        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by(), reads_turn_ids)
         outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
         temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)

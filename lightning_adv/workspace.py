@@ -137,4 +137,14 @@ def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> T
     workspace = _ACTIVE.get()
     if workspace is None or device.type != "cpu" or _use_count is None:
         return torch.empty(tuple(shape), dtype=dtype, device=device)
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel * dtype.itemsize < MIN_BYTES:  # glibc reuses small blocks without faults
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
     return workspace.take(shape, dtype)
+
+
+#: Smaller temporaries are plain allocations: glibc keeps blocks below its mmap threshold
+#: (128 KiB at first) in the heap, and the pool's bookkeeping would cost more.
+MIN_BYTES = 128 << 10
