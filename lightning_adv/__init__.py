@@ -1,8 +1,10 @@
 """lightning_adv: configurable, validated and fast advantage computation for PPO-family
 trainers of language-model policies, on PyTorch Lightning."""
 
+from lightning_adv.batch_checks import LogProbRangeWarning, UnknownBatchKeyWarning
 from lightning_adv.config import (
-    ActorConfig, AdvantageConfig, NormConfig, PRMAdvantageShapingConfig, StageSpec)
+    ActorConfig, AdvantageConfig, IgnoredSettingWarning, NormConfig, PRMAdvantageShapingConfig,
+    StageSpec)
 from lightning_adv.contracts import (
     AdvantageContractError, AdvantageInputs, AdvantageResult, OutcomeResult, OutcomeRewardInputs,
     ProcessAdvantageInputs, TemporalInputs, TemporalResult)
@@ -12,7 +14,8 @@ from lightning_adv.lambdas import (
     relative_position_gae_lambda, vapo_length_adaptive_gae)
 from lightning_adv.meta import BatchMeta, RolloutGroup, TrajBatchMeta, concat_batch, split_batch
 from lightning_adv.module import AdvantageModule
-from lightning_adv.rewards import DroppedOutcomeRewardWarning
+from lightning_adv.normalization import SingletonGroupWarning
+from lightning_adv.rewards import DroppedOutcomeRewardWarning, MissingRefLogpWarning
 from lightning_adv.ppo_loss import PPOLoss
 from lightning_adv.kl_control import AdaptiveKLController, FixedKLController, KLControllerConfig
 
@@ -24,6 +27,8 @@ __all__ = [
     "GAELambdaContext", "GAELambdaInputs", "compute_gae_lambda", "compute_token_gae",
     "compute_turn_gae", "constant_gae_lambda", "vapo_length_adaptive_gae",
     "relative_position_gae_lambda", "AdvantageContractError", "DroppedOutcomeRewardWarning",
+    "SingletonGroupWarning", "MissingRefLogpWarning", "UnknownBatchKeyWarning",
+    "LogProbRangeWarning", "IgnoredSettingWarning",
     "PPOModule", "PPOLoss", "FixedKLController", "AdaptiveKLController", "KLControllerConfig",
     "AdvantageMetrics",
 ]

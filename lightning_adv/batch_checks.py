@@ -7,6 +7,7 @@ caller's tensors.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from collections.abc import Mapping
@@ -16,13 +17,39 @@ from typing import Any, NoReturn, Optional
 import torch
 from torch import Tensor
 
+from lightning_adv.config import ActorConfig
 from lightning_adv.meta import BatchMeta
+from lightning_adv.validators import warn_caller
 from lightning_adv.workspace import scratch
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
                     "mopd_teacher_logp_sum")
 MASK_KEYS = ("attention_mask", "loss_mask")
+#: Log-probabilities: at most 0 (plus :data:`LOGP_TOLERANCE`) where they are read.
+LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
+#: A log-prob computed as ``logit - logsumexp(logits)`` in float32 (a sampler's, or one
+#: reduced across tensor-parallel shards) can round a few ulps of the logit above 0: about
+#: 1e-5 for logits up to 100. 1e-3 leaves two orders of magnitude for that, and no
+#: probability or logit array passes (a probability of 1.001 is not a rounding error).
+LOGP_TOLERANCE = 1e-3
+#: Every key the pipeline reads or writes (SPEC §1 and §5). Other keys pass through; one
+#: that is a near miss of an absent known key is reported (:class:`UnknownBatchKeyWarning`).
+KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards",
+                              "is_truncated", "mopd_teacher_logp_sum", "advantages", "returns",
+                              "tot_rewards", "kl_rewards", "input_token_loss_mask",
+                              "mopd_behavior_logprobs", "unnormalized_advantages")
+#: How alike a key must be to a known key to count as a misspelling of it
+#: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
+NEAR_MISS_CUTOFF = 0.75
+
+
+class UnknownBatchKeyWarning(UserWarning):
+    """A batch key the pipeline does not read looks like a misspelt key it would read."""
+
+
+class LogProbRangeWarning(UserWarning):
+    """``ref_logp`` or ``prox_logp`` hold values above 0 at positions the pipeline reads."""
 
 
 def present(batch: Mapping[str, Any], key: str) -> bool:
@@ -60,6 +87,30 @@ def _check_finite(key: str, x: Tensor, total: Optional[float] = None) -> None:
     element, or an overflow) falls through to the exact check."""
     if math.isfinite(float(x.sum()) if total is None else total):
         return
+    _report_non_finite(key, x)
+
+
+def _float_reductions(key: str, x: Tensor) -> list[Tensor]:
+    """What the combined transfer of :func:`validate_batch` reads of a float tensor: its
+    sum (finite exactly when its elements are, or an overflow), or for a log-prob tensor
+    its min and max, which also say whether some element exceeds :data:`LOGP_TOLERANCE`
+    (NaN propagates to both, -inf shows in the min, +inf in the max)."""
+    return [x.amin(), x.amax()] if key in LOGP_KEYS else [x.sum()]
+
+
+def _check_float(key: str, x: Tensor, values: list[float]) -> bool:
+    """Decide :func:`_float_reductions`; True for a log-prob tensor above the tolerance
+    somewhere (then checked where it is read: :func:`_check_logp_range`)."""
+    if key not in LOGP_KEYS:
+        _check_finite(key, x, values[0])
+        return False
+    low, high = values
+    if not (abs(low) < float("inf") and abs(high) < float("inf")):
+        _report_non_finite(key, x)
+    return high > LOGP_TOLERANCE
+
+
+def _report_non_finite(key: str, x: Tensor) -> None:
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
         index = tuple(bad.nonzero()[0].tolist())
@@ -197,8 +248,12 @@ def _check_required(batch: Any) -> tuple[int, int, torch.device]:
         raise TypeError(f"rollout batch: expected a dict of tensors, got {type(batch).__name__}")
     missing = [k for k in REQUIRED_KEYS if not present(batch, k)]
     if missing:
+        others = [k for k in batch if isinstance(k, str) and k not in KNOWN_KEYS]
+        hints = [f"{close[0]!r} for {k!r}" for k in missing
+                 if (close := difflib.get_close_matches(k, others, 1, NEAR_MISS_CUTOFF))]
+        hint = f"; the batch has {', '.join(hints)}: a misspelt key?" if hints else ""
         raise ValueError(f"rollout batch has no {', '.join(repr(k) for k in missing)} "
-                         f"(required: {', '.join(REQUIRED_KEYS)})")
+                         f"(required: {', '.join(REQUIRED_KEYS)}){hint}")
     ids = batch["input_ids"]
     if not isinstance(ids, Tensor) or ids.ndim != 2:
         _fail("input_ids", "a [B, T] tensor", _shape(ids))
@@ -210,7 +265,8 @@ def _check_required(batch: Any) -> tuple[int, int, torch.device]:
 
 
 def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.device) -> None:
-    """A [B, T] mask, float or turn-id tensor on the batch's device."""
+    """A [B, T] mask, float or turn-id tensor on the batch's device (values are checked by
+    :func:`validate_batch`'s combined transfer)."""
     if not isinstance(x, Tensor):
         _fail(key, f"a tensor of shape [{bs}, {width}]", type(x).__name__)
     if tuple(x.shape) != (bs, width):
@@ -254,9 +310,9 @@ def _truncation(truncated: Any, seqlens: Tensor, bs: int, width: int,
         _fail("is_truncated", f"a tensor on {device}", truncated.device)
     if truncated.is_floating_point() or truncated.is_complex():
         _fail("is_truncated", "a bool or integer tensor", truncated.dtype)
-    if not truncated.dtype == torch.bool:
-        low, high = torch.aminmax(truncated)
-        if not (bool(low >= 0) and bool(high <= 1)):
+    if truncated.dtype != torch.bool:
+        low, high = torch.stack(torch.aminmax(truncated)).tolist()
+        if not (low >= 0 and high <= 1):
             _fail("is_truncated", "only 0 and 1", f"values {torch.unique(truncated)[:6].tolist()}")
     return truncated.bool()
 
@@ -272,22 +328,109 @@ def _check_meta(meta: Optional[BatchMeta], bs: int) -> None:
                          f"{meta.batch_size} rows, but the rollout batch has {bs}")
 
 
-def validate_batch(batch: Any, meta: Optional[BatchMeta]) -> BatchFacts:
-    """Check the batch and meta against SPEC §1 before any arithmetic touches them."""
+def validate_batch(batch: Any, meta: Optional[BatchMeta],
+                   config: Optional[ActorConfig] = None) -> BatchFacts:
+    """Check the batch and meta against SPEC §1 before any arithmetic touches them.
+
+    ``config`` says what to do about ``ref_logp``/``prox_logp`` above 0
+    (``positive_ref_prox_logp``; default: warn).
+    """
     bs, width, device = _check_required(batch)
     for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
         if present(batch, key):
             _check_token_tensor(key, batch[key], bs, width, device)
-    # One host transfer for every [B, T] check: the sums of the float tensors (finite
-    # exactly when their elements are, or an overflow: then the exact check decides) and
-    # the mask reductions.
+    # One host transfer for every [B, T] check: the float tensors' reductions and the
+    # mask reductions; the exact checks run only to name a failure.
     float_keys = [key for key in TOKEN_FLOAT_KEYS if present(batch, key)]
+    reductions = [_float_reductions(key, batch[key]) for key in float_keys]
     masks = _MaskChecks(batch["attention_mask"], batch["loss_mask"])
-    values = torch.stack([batch[key].sum() for key in float_keys] + masks.reductions).tolist()
-    for key, total in zip(float_keys, values):
-        _check_finite(key, batch[key], total)
-    seqlens, aligned_loss_mask = masks.check(values[len(float_keys):])
+    values = torch.stack([r for rs in reductions for r in rs] + masks.reductions).tolist()
+    above_zero = []
+    for key, rs in zip(float_keys, reductions):
+        if _check_float(key, batch[key], values[:len(rs)]):
+            above_zero.append(key)
+        values = values[len(rs):]
+    seqlens, aligned_loss_mask = masks.check(values)
+    for key in above_zero:
+        action = "raise" if key == "logprobs" else (
+            config.positive_ref_prox_logp if config is not None else "warn")
+        # logprobs are token-aligned, ref_logp/prox_logp next-token aligned
+        read = batch["loss_mask"] if key == "logprobs" else aligned_loss_mask
+        _check_logp_range(key, batch[key], read, action)
     _check_rewards(batch["rewards"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)
+    _report_near_miss_keys(batch)
     return BatchFacts(bs, width, device, seqlens, truncated, aligned_loss_mask)
+
+
+def _check_logp_range(key: str, x: Tensor, read: Tensor, action: str) -> None:
+    """Log-probs above :data:`LOGP_TOLERANCE` where the pipeline reads them (``read``, 0/1
+    in ``x``'s alignment): the generated tokens for the token-aligned ``logprobs``, the
+    positions predicting a generated token for the next-token ``ref_logp``/``prox_logp``.
+    Elsewhere anything finite is allowed (masked out, as in the legacy code)."""
+    if action == "ignore":
+        return
+    active = read.bool()
+    bad = active & (x > LOGP_TOLERANCE)
+    if not bool(bad.any()):
+        return
+    index = tuple(bad.nonzero()[0].tolist())
+    where = "generated tokens" if key == "logprobs" else "positions predicting a generated token"
+    count = int(bad.sum())
+    message = (f"rollout batch '{key}': expected log-probabilities (<= 0, up to {LOGP_TOLERANCE} "
+               f"of rounding) at {where}, got {count} value{'s' * (count != 1)} above that "
+               f"(first at {index}: {x[index].item():.4g}); were probabilities or logits passed?")
+    if key == "logprobs":
+        raise ValueError(message)
+    message += " (set actor.positive_ref_prox_logp to 'raise' or 'ignore')"
+    if action == "raise":
+        raise ValueError(message)
+    warn_caller(message, LogProbRangeWarning)
+
+
+@functools.lru_cache(maxsize=256)
+def _near_misses(key: str) -> tuple[str, ...]:
+    return tuple(difflib.get_close_matches(key, KNOWN_KEYS, 3, NEAR_MISS_CUTOFF))
+
+
+def _report_near_miss_keys(batch: Mapping[str, Any]) -> None:
+    """Warn about keys the pipeline does not read that look like a misspelt absent key
+    (``ref_logprobs`` for ``ref_logp``). Other extra keys are the caller's own and pass
+    through silently; a near miss of a key that is present is taken as the caller's own too."""
+    hints = []
+    for key in batch:
+        if not isinstance(key, str) or key in KNOWN_KEYS:
+            continue
+        close = [k for k in _near_misses(key) if not present(batch, k)]
+        if close:
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)")
+    if hints:
+        warn_caller(f"rollout batch: {', '.join(hints)} {'is' if len(hints) == 1 else 'are'} "
+                    f"not read by the pipeline and passed through unchanged",
+                    UnknownBatchKeyWarning)
+
+
+def reference_logp_problem(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:
+    """The complaint when the KL penalty is on but the batch has no ``ref_logp`` (the KL is
+    then taken against log-prob 0, as in the legacy code); None when all is well."""
+    if config.kl_ctl == 0 or present(batch, "ref_logp") or config.missing_ref_logp == "ignore":
+        return None
+    close = [k for k in batch if isinstance(k, str) and k not in KNOWN_KEYS
+             and "ref_logp" in _near_misses(k)]
+    hint = f" (the batch has {close[0]!r}: a misspelt key?)" if close else ""
+    return (f"actor.kl_ctl={config.kl_ctl} but the rollout batch has no 'ref_logp'{hint}: the KL "
+            f"penalty is taken against a reference log-prob of 0, which rewards unlikely tokens; "
+            f"pass ref_logp, set actor.kl_ctl to 0, or set actor.missing_ref_logp to 'raise' or "
+            f"'ignore'")
+
+
+def unused_process_stage(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:
+    """The complaint when an explicit ``gvpo``/``process_weighted`` process stage meets a
+    batch without ``token_rewards`` (the stage then returns the advantages unchanged)."""
+    spec = config.advantage.process_adv_shaping
+    if spec is None or spec.implementation not in ("gvpo", "process_weighted") \
+            or present(batch, "token_rewards"):
+        return None
+    return (f"actor.advantage.process_adv_shaping: {spec.implementation!r} is ignored: the "
+            f"rollout batch has no 'token_rewards', so advantages are returned unshaped")

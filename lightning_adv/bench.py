@@ -85,7 +85,9 @@ def _prompt_rows(rows: int, width: int, gen: torch.Generator) -> dict[str, Tenso
         "attention_mask": attention,
         "loss_mask": loss_mask,
         "logprobs": logprobs,
-        "ref_logp": (logprobs + 0.05 * torch.randn(rows, width, generator=gen)) * attention,
+        # log-probs are <= 0 (the module warns about a ref_logp above 0 where it is read)
+        "ref_logp": (logprobs + 0.05 * torch.randn(rows, width, generator=gen)).clamp(max=0)
+        * attention,
         "values": torch.randn(rows, width, generator=gen) * attention,
         "turn_ids": turn_ids,
         "rewards": (torch.rand(rows, generator=gen) < 0.5).float(),

@@ -23,14 +23,22 @@ from typing import Any, ClassVar, Literal, Optional, Union
 from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.stages.registry import check_stage_choice
 from lightning_adv.validators import (  # noqa: F401  (check_gvpo_kwargs: public here too)
-    check_bool, check_choice, check_gvpo_kwargs, check_int, check_number, fail, is_int)
+    check_bool, check_choice, check_gvpo_kwargs, check_int, check_number, fail, is_int,
+    warn_caller)
 
 NORM_LEVELS = ("batch", "group", None)
 KL_ESTIMATORS = ("k1", "k2", "k3")
 TIMESTEP_UNITS = ("token", "turn")
 PRM_MODES = ("additive", "gvpo", "process_weighted")
 DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
+#: What to do about a suspicious batch (options ``dropped_outcome_reward``,
+#: ``singleton_groups``, ``missing_ref_logp``, ``positive_ref_prox_logp``).
+CHECK_ACTIONS = DROPPED_OUTCOME_ACTIONS
 STAGE_FIELDS = ("outcome_reward_shaping", "estimator", "process_adv_shaping")
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting that has no effect in this configuration (or on this batch) was given."""
 
 
 def check_json_kwargs(key: str, kwargs: Any) -> None:
@@ -225,9 +233,9 @@ class ActorConfig:
     reward_bias: float = 0.0
     """added to each outcome reward before scaling"""
     reward_scaling: float = 1.0
-    """multiplies the biased outcome reward"""
+    """multiplies the biased outcome reward (non-zero; negative turns a cost into a reward)"""
     reward_clip: float = 20.0
-    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    """scaled rewards are clipped to [-reward_clip, reward_clip] (> 0, .inf: no clipping)"""
     reward_norm: Optional[NormConfig] = None
     """normalization of outcome rewards (null: off)"""
     adv_norm: Optional[NormConfig] = None
@@ -241,7 +249,7 @@ class ActorConfig:
     gae_lambda: Union[float, str] = 1.0
     """GAE lambda: a number in [0, 1] or the dotted path of a per-row lambda function"""
     gae_lambda_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments of the lambda function (ignored for a number)"""
+    """keyword arguments of the lambda function (a number takes none: any given warn)"""
     gae_timestep_unit: Literal["token", "turn"] = "token"
     """GAE timestep for the auto estimator: "token" or "turn" (needs turn_ids)"""
     mask_no_eos_with_zero: bool = False
@@ -251,9 +259,9 @@ class ActorConfig:
     overlong_reward_penalty: bool = False
     """apply the DAPO overlong length penalty to outcome rewards"""
     overlong_tokens: Optional[int] = None
-    """length of the soft penalty window before max_new_tokens"""
+    """length of the soft penalty window before max_new_tokens (with the penalty off: null, or it warns)"""
     overlong_penalty_factor: Optional[float] = None
-    """penalty at max_new_tokens (grows linearly over the window and beyond)"""
+    """penalty at max_new_tokens, > 0 (grows linearly over the window and beyond; with the penalty off: null, or it warns)"""
     max_new_tokens: int = 1024
     """generation budget the length penalty refers to"""
     use_decoupled_loss: bool = False
@@ -262,6 +270,12 @@ class ActorConfig:
     """use the recomputed prox_logp as old log-probs (when not decoupled)"""
     dropped_outcome_reward: Literal["warn", "raise", "ignore"] = "warn"
     """when an outcome reward lands on an inactive position (and never reaches GAE): warn, raise or ignore"""
+    singleton_groups: Literal["warn", "raise", "ignore"] = "warn"
+    """when every group of a group-level reward_norm/adv_norm has one member (group statistics then zero or skip every value): warn, raise or ignore"""
+    missing_ref_logp: Literal["warn", "raise", "ignore"] = "warn"
+    """when kl_ctl > 0 and the batch has no ref_logp (the KL is then taken against log-prob 0, as in the legacy code): warn once, raise or ignore"""
+    positive_ref_prox_logp: Literal["warn", "raise", "ignore"] = "warn"
+    """when ref_logp or prox_logp exceed 0 at an active position (probabilities or logits passed as log-probs?): warn, raise or ignore"""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """the stage tree (compute, outcome_reward_shaping, estimator, process_adv_shaping)"""
 
@@ -286,13 +300,23 @@ class ActorConfig:
 
         check_number(f"{key}.reward_bias", self.reward_bias)
         check_number(f"{key}.reward_scaling", self.reward_scaling)
-        check_number(f"{key}.reward_clip", self.reward_clip, minimum=0.0, allow_inf=True)
+        if self.reward_scaling == 0:
+            fail(f"{key}.reward_scaling", "a non-zero number (0 scales every outcome reward, "
+                 "and so every advantage, to 0)", self.reward_scaling)
+        check_number(f"{key}.reward_clip", self.reward_clip, allow_inf=True)
+        if not self.reward_clip > 0:
+            fail(f"{key}.reward_clip", "a number > 0 or .inf (0 clips every outcome reward, "
+                 "and so every advantage, to 0)", self.reward_clip)
         check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
         check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        if self.kl_ctl == 0 and self.kl_estimator != "k1":
+            warn_ignored(f"{key}.kl_estimator", self.kl_estimator,
+                         f"{key}.kl_ctl is 0, so no KL penalty is computed")
         check_number(f"{key}.discount", self.discount, minimum=0.0, maximum=1.0)
         check_choice(f"{key}.gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
-        check_choice(f"{key}.dropped_outcome_reward", self.dropped_outcome_reward,
-                      DROPPED_OUTCOME_ACTIONS)
+        for name in ("dropped_outcome_reward", "singleton_groups", "missing_ref_logp",
+                     "positive_ref_prox_logp"):
+            check_choice(f"{key}.{name}", getattr(self, name), CHECK_ACTIONS)
         for name in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty",
                      "use_decoupled_loss", "recompute_logprob"):
             check_bool(f"{key}.{name}", getattr(self, name))
@@ -305,21 +329,42 @@ class ActorConfig:
         else:
             check_number(f"{key}.gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0)
             check_json_kwargs(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
+            if self.gae_lambda_kwargs:
+                warn_ignored(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs,
+                             f"only a lambda function takes kwargs, and {key}.gae_lambda is "
+                             f"the number {self.gae_lambda!r}")
 
         check_int(f"{key}.max_new_tokens", self.max_new_tokens)
-        if self.overlong_reward_penalty:
-            tokens, factor = self.overlong_tokens, self.overlong_penalty_factor
-            if not is_int(tokens, minimum=1):
-                fail(f"{key}.overlong_tokens", "a positive integer when overlong_reward_penalty "
-                     "is on", tokens)
-            if factor is None:
-                fail(f"{key}.overlong_penalty_factor", "a number when overlong_reward_penalty "
-                     "is on", factor)
-            check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
+        self._validate_length_penalty(key)
 
         process = self.advantage.process_adv_shaping
         if process is not None and process.implementation in ("gvpo", "process_weighted"):
             check_process_mode(f"{key}.advantage.process_adv_shaping", process.implementation, self)
+
+    def _validate_length_penalty(self, key: str) -> None:
+        tokens, factor = self.overlong_tokens, self.overlong_penalty_factor
+        if not self.overlong_reward_penalty:
+            # Values given with the penalty off are still checked: they fail where they
+            # would fail with it on, instead of when someone turns it on.
+            if tokens is not None and not is_int(tokens, minimum=1):
+                fail(f"{key}.overlong_tokens", "null or a positive integer", tokens)
+            if factor is not None:
+                check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
+            for name, value in (("overlong_tokens", tokens), ("overlong_penalty_factor", factor)):
+                if value is not None:
+                    warn_ignored(f"{key}.{name}", value, f"{key}.overlong_reward_penalty is false "
+                                 f"(set it to true to apply the length penalty)")
+            return
+        if not is_int(tokens, minimum=1):
+            fail(f"{key}.overlong_tokens", "a positive integer when overlong_reward_penalty "
+                 "is on", tokens)
+        if factor is None:
+            fail(f"{key}.overlong_penalty_factor", "a number when overlong_reward_penalty "
+                 "is on", factor)
+        check_number(f"{key}.overlong_penalty_factor", factor, minimum=0.0)
+        if factor == 0:
+            fail(f"{key}.overlong_penalty_factor", "a number > 0 when overlong_reward_penalty "
+                 "is on (0 penalizes nothing; set overlong_reward_penalty to false)", factor)
 
     @property
     def estimator_unit(self) -> str:
@@ -330,6 +375,12 @@ class ActorConfig:
         if spec is not None and spec.implementation == "turn_gae":
             return "turn"
         return self.gae_timestep_unit
+
+
+def warn_ignored(key: str, value: Any, why: str) -> None:
+    """One :class:`IgnoredSettingWarning` naming ``key``, the value given and why it has no
+    effect (the configuration is still accepted: the result is what it would be without it)."""
+    warn_caller(f"{key}: {value!r} is ignored: {why}", IgnoredSettingWarning)
 
 
 def check_process_mode(key: str, mode: str, config: ActorConfig) -> None:

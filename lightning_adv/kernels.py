@@ -39,16 +39,17 @@ Turn GAE first reduces tokens to turn slots (turn reward = sum of its active rew
 turn value = value at its first active token, only turns with active tokens are steps),
 runs the same recurrence over [B, n_slots] and gathers the result back to tokens.
 
-Host syncs (they matter on CUDA): none for token GAE with a float λ; one with a λ tensor
-(chunk size and fallback rows); two for turn GAE (turn-id validation, which also sizes
-the slot axis). The plain loops these kernels must agree with are in
-:mod:`lightning_adv.loops`.
+Host syncs (they matter on CUDA): one for the 0/1 check of a non-bool mask; two with a λ
+tensor (its range, then chunk size and fallback rows); two more for turn GAE (turn-id
+validation, which also sizes the slot axis). The plain loops these kernels must agree
+with are in :mod:`lightning_adv.loops`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import struct
 from collections.abc import Iterator
 from typing import Union
@@ -99,6 +100,48 @@ def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor
         if isinstance(t, Tensor) and t.device != rewards.device:
             raise ValueError(f"{name}: {key} is on {t.device}, rewards on {rewards.device}")
     return shape
+
+
+def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
+                           gae_lambda: Lambda) -> None:
+    """The values of a public kernel's arguments: ``discount`` and ``gae_lambda`` (a float or
+    every entry of a [B] tensor) finite and in [0, 1], ``loss_mask`` only 0 and 1. Shapes
+    and devices are :func:`check_kernel_inputs`' (the loops share those, not these).
+
+    A non-bool mask costs one host sync and one pass: a min/max for integers; for floats
+    ``m - m·m``, which is exactly 0 only for m = 0 and m = 1 in floating point too (m·m
+    rounds to m for no other value; NaN and overflow stay non-zero). A λ tensor costs one
+    min/max and one more sync.
+    """
+    for key, value in (("discount", discount), ("gae_lambda", gae_lambda)):
+        if key == "gae_lambda" and isinstance(value, Tensor):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not 0.0 <= value <= 1.0:   # NaN fails the comparison
+            raise ValueError(f"{name}: {key} must be a number in [0, 1]"
+                             f"{' or a [B] tensor of such' if key == 'gae_lambda' else ''}, "
+                             f"got {value!r}")
+    if isinstance(gae_lambda, Tensor) and gae_lambda.numel():
+        if gae_lambda.is_complex() or gae_lambda.dtype == torch.bool:
+            raise ValueError(f"{name}: a gae_lambda tensor must be real-valued, got "
+                             f"{gae_lambda.dtype}")
+        low, high = torch.stack(torch.aminmax(gae_lambda)).tolist()
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"{name}: gae_lambda tensor entries must be finite and in [0, 1], "
+                             f"got min {low}, max {high}")
+    if loss_mask.dtype == torch.bool:
+        return
+    if loss_mask.is_complex():
+        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got dtype {loss_mask.dtype}")
+    if loss_mask.is_floating_point():
+        bad = bool(torch.addcmul(loss_mask, loss_mask, loss_mask, value=-1).any())
+    else:  # integers are 0/1 exactly when they lie in [0, 1]
+        low, high = torch.stack(torch.aminmax(loss_mask)).tolist()
+        bad = not 0 <= low <= high <= 1
+    if bad:
+        other = loss_mask[(loss_mask != 0) & (loss_mask != 1)]
+        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got "
+                         f"{other.unique()[:6].tolist()}")
 
 
 class TurnIdError(ValueError):
@@ -209,6 +252,7 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
     check_kernel_inputs("compute_token_gae",
                         {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                         bootstrap_values, gae_lambda)
+    check_kernel_arguments("compute_token_gae", loss_mask, discount, gae_lambda)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     # The legacy loop multiplies its running advantage by a λ tensor, so a float64 λ makes
     # its token outputs float64; keep that.
@@ -237,6 +281,7 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
+    check_kernel_arguments("compute_turn_gae", loss_mask, discount, gae_lambda)
     with _kernel_name("compute_turn_gae"):
         slot, first, last = _turn_slots(loss_mask, turn_ids)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)

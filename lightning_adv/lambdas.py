@@ -1,9 +1,10 @@
 """Per-row GAE lambda: the context a lambda function sees, and the built-in functions.
 
-A lambda function is called as ``fn(context, **gae_lambda_kwargs)`` and returns a finite
-float tensor [B] on the batch's device. ``context`` is a :class:`GAELambdaContext`; it
-also answers ``context["timestep_lengths"]`` so lambda functions written for the legacy
-dict context keep working.
+A lambda function is called as ``fn(context, **gae_lambda_kwargs)`` and returns a float
+tensor [B] on the batch's device, every value in [0, 1] (checked; errors name the
+function). ``context`` is a :class:`GAELambdaContext`; it also answers
+``context["timestep_lengths"]`` so lambda functions written for the legacy dict context
+keep working.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def compute_gae_lambda(inputs: "TemporalInputs", unit: str) -> Union[float, Tens
 
     A number is returned as a float. A lambda function is called with the lengths in
     ``unit`` (so ``turn_gae`` under ``gae_timestep_unit: token`` still gets turn counts)
-    and must return a finite float tensor [B] on the batch's device.
+    and must return a float tensor [B] on the batch's device with values in [0, 1].
     """
     if unit not in ("token", "turn"):
         raise ValueError(f"compute_gae_lambda: unit must be 'token' or 'turn', got {unit!r}")
@@ -164,7 +165,13 @@ def check_lambda(lam: Any, batch_size: int, device: torch.device, where: str) ->
         raise ValueError(f"{where}: expected a floating-point lambda tensor, got {lam.dtype}")
     if lam.device != device:
         raise ValueError(f"{where}: expected the lambda tensor on {device}, got {lam.device}")
-    if not bool(torch.isfinite(lam).all()):
-        raise ValueError(f"{where}: the lambda function returned a non-finite value "
-                         f"(rows {torch.nonzero(~torch.isfinite(lam)).flatten().tolist()})")
+    # One comparison clears both rules: NaN fails it, and so do infinities.
+    outside = ~((lam >= 0) & (lam <= 1))
+    if bool(outside.any()):
+        rows = outside.nonzero().flatten().tolist()
+        finite = bool(torch.isfinite(lam).all())
+        problem = "a value outside [0, 1]" if finite else "a non-finite value"
+        raise ValueError(f"{where}: the lambda function returned {problem} (rows {rows[:10]}: "
+                         f"{lam[rows[:4]].tolist()}); a per-row GAE lambda must be finite and lie "
+                         f"in [0, 1]")
     return lam

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
-from lightning_adv.batch_checks import BatchFacts, validate_batch
-from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig
+from lightning_adv.batch_checks import (
+    BatchFacts, reference_logp_problem, unused_process_stage, validate_batch)
+from lightning_adv.config import ActorConfig, IgnoredSettingWarning, PRMAdvantageShapingConfig
 from lightning_adv.contracts import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageContractCheck,
     TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
@@ -24,10 +25,12 @@ from lightning_adv.contracts import (
 from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
-from lightning_adv.normalization import norm_errors, normalize, normalize_outcome_rewards
+from lightning_adv.normalization import (
+    check_group_members, norm_errors, normalize, normalize_outcome_rewards)
 from lightning_adv.prm import resolve_process_mode
-from lightning_adv.rewards import apply_length_penalty
+from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
+from lightning_adv.validators import warn_caller
 from lightning_adv.workspace import ThreadWorkspaces
 
 class AdvantageModule(nn.Module):
@@ -55,6 +58,7 @@ class AdvantageModule(nn.Module):
         elif not isinstance(config, ActorConfig):
             raise TypeError(f"AdvantageModule: expected an ActorConfig, got {type(config).__name__}")
         self.config = config
+        self._warned: set[str] = set()  # the once-per-module warnings already given
         advantage = config.advantage
         if advantage.is_replaced:
             self.compute = resolve_stage("compute", advantage.compute, config)
@@ -76,7 +80,7 @@ class AdvantageModule(nn.Module):
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
             with self.workspaces.get().active():
-                facts = validate_batch(batch, meta)
+                facts = validate_batch(batch, meta, self.config)
                 replaced = self.config.advantage.is_replaced
                 # Check the call-time prm before any work (its mode is resolved per stage call).
                 resolve_process_mode(prm, self.config, None if replaced else self.process)
@@ -95,6 +99,7 @@ class AdvantageModule(nn.Module):
                         prm: Optional[PRMAdvantageShapingConfig], facts: BatchFacts) -> dict[str, Any]:
         """The default pipeline, in the design note's order."""
         config = self.config
+        self._check_settings_against(batch)
         penalized = apply_length_penalty(batch["rewards"], batch["loss_mask"], config)
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
@@ -158,6 +163,7 @@ class AdvantageModule(nn.Module):
         norm = self.config.adv_norm
         if norm is None:
             return advantages
+        check_group_members("actor.adv_norm", norm, meta, self.config.singleton_groups)
         with norm_errors("actor.adv_norm"):
             if meta is None:
                 return normalize(advantages, norm, loss_mask)
@@ -183,6 +189,25 @@ class AdvantageModule(nn.Module):
         return out
 
     # ------------------------------------------------------------------ helpers
+
+    def _check_settings_against(self, batch: Mapping[str, Any]) -> None:
+        """Settings the batch makes meaningless: warned once per module (the same config
+        meets the same kind of batch every step), or raised where configured."""
+        kl_problem = reference_logp_problem(batch, self.config)
+        if kl_problem is not None:
+            if self.config.missing_ref_logp == "raise":
+                raise ValueError(kl_problem)
+            self._warn_once("missing_ref_logp", kl_problem, MissingRefLogpWarning)
+        process_problem = unused_process_stage(batch, self.config)
+        if process_problem is not None:
+            self._warn_once("unused_process_stage", process_problem, IgnoredSettingWarning)
+
+    def _warn_once(self, what: str, message: str, category: type[Warning]) -> None:
+        # Keyed by what, not by the message: a trainer's KL controller changes kl_ctl (and
+        # so the message) every step.
+        if what not in self._warned:
+            self._warned.add(what)
+            warn_caller(message, category)
 
     def _call(self, stage: Stage, inputs: Any, bs: int, width: int, device: torch.device,
               check: Callable[[StageContractCheck, Any], Any], task_rewards: Optional[Tensor] = None) -> Any:

@@ -22,6 +22,52 @@ from lightning_adv.contracts import OutcomeResult
 from lightning_adv.distributed import all_reduce_sum, any_across_ranks
 from lightning_adv.meta import BatchMeta
 from lightning_adv.rewards import scale_rewards
+from lightning_adv.validators import warn_caller
+
+
+class SingletonGroupWarning(UserWarning):
+    """Every group of a group-level normalization has one member, so each member is
+    normalized against itself (group-mean-centred rewards are all 0)."""
+
+
+def check_group_members(key: str, norm: NormConfig, meta: Optional[BatchMeta],
+                        action: str) -> None:
+    """Warn (or raise, per ``actor.singleton_groups``) when every group of a group level of
+    ``norm`` has one member: GRPO/RLOO/Dr.GRPO called without ``meta`` (``group_size`` 1),
+    or a meta with one rollout per prompt. Each member then is its own group: a group mean
+    subtracts the member itself and an unbiased group std is 1, so rewards become 0.
+    A batch where only some groups have one member (filtered prompts) is left alone.
+
+    Members are the logical rollouts of each prompt (``meta.logical_group_sizes``: its rows
+    when it has no rollout group), or without meta the fixed ``group_size`` slices.
+    """
+    levels = [f"{name}_level" for name in ("mean", "std")
+              if getattr(norm, f"{name}_level") == "group"]
+    if action == "ignore" or not levels:
+        return
+    if meta is None:
+        if norm.group_size != 1:
+            return
+        sizes = f"group_size {norm.group_size} and no meta"
+    else:
+        counts = meta.logical_group_sizes
+        if any(c != 1 for c in counts):
+            return
+        sizes = f"member counts {counts[:8]}{' ...' if len(counts) > 8 else ''}"
+    if "mean_level" not in levels:
+        effect = "the group std is that of one member"
+    elif key.endswith("reward_norm"):
+        effect = "every reward is normalized to 0"
+    else:
+        effect = "each row is centred on its own tokens"
+    message = (f"{key}: every group has one member ({sizes}), so its group-level "
+               f"{' and '.join(levels)} normalize each member against itself ({effect}); "
+               f"pass meta with the prompt groups (concat_batch or BatchMeta.traj_group_sizes), "
+               f"set {key}.group_size to the rollouts per prompt, or set actor.singleton_groups "
+               f"to 'raise' or 'ignore'")
+    if action == "raise":
+        raise ValueError(message)
+    warn_caller(message, SingletonGroupWarning)
 
 
 class GroupingError(ValueError):
@@ -195,6 +241,7 @@ def normalize_outcome_rewards(outcome: OutcomeResult, task_rewards: Tensor,
     norm = config.reward_norm
     if norm is None:
         return scores
+    check_group_members("actor.reward_norm", norm, meta, config.singleton_groups)
     if meta is None or meta.rollout_groups is None:
         if outcome.normalization_rewards is not None:
             raise ValueError(f"{stage}: normalization_rewards need complete metadata "

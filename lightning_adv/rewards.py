@@ -15,6 +15,10 @@ class DroppedOutcomeRewardWarning(UserWarning):
     """An outcome reward landed on an inactive position and never reaches GAE (SPEC §9)."""
 
 
+class MissingRefLogpWarning(UserWarning):
+    """``kl_ctl > 0`` but the batch has no ``ref_logp``: the KL is taken against log-prob 0."""
+
+
 def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig) -> Tensor:
     """DAPO overlong penalty: ``min(-(len - (max_new_tokens - overlong_tokens)) / overlong_tokens
     * factor, 0)`` added to a copy of the rewards (float32, not clamped below ``-factor``).

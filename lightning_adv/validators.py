@@ -7,8 +7,19 @@ Each error is a ``ValueError`` that names the key as the user wrote it
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
+
+import torch
+
+# Frames a warning is not attributed to: the pipeline's own modules (not the trainer's),
+# torch's (the no_grad wrapper, nn.Module.__call__) and dataclass-generated __init__s.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TRAINER_DIR = os.path.join(_PACKAGE_DIR, "trainer") + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def fail(key: str, expected: str, got: Any) -> NoReturn:
@@ -76,3 +87,21 @@ def non_negative_number(key: str, value: Any) -> None:
 
 def positive_number(key: str, value: Any) -> None:
     check_number(key, value, positive=True)
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the code that called into the pipeline (a user's
+    ``module(batch)`` or ``ActorConfig(...)``), not to a frame inside it, so the location
+    printed with the warning is the caller's and the default filter shows it once there."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and _internal(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1)
+
+
+def _internal(filename: str) -> bool:
+    if filename == "<string>":
+        return True
+    path = os.path.abspath(filename)
+    return (path.startswith(_PACKAGE_DIR) and not path.startswith(_TRAINER_DIR)) \
+        or path.startswith(_TORCH_DIR)

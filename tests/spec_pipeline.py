@@ -217,8 +217,8 @@ def row_lambdas(config: ActorConfig, token_lengths: list, turn_counts: list,
         except KeyError:
             values = None
         if values is not None:
-            if not all(math.isfinite(v) for v in values):
-                raise SpecError(f"gae_lambda function {lam} returned a non-finite value")
+            if not all(math.isfinite(v) and 0 <= v <= 1 for v in values):
+                raise SpecError(f"gae_lambda function {lam} returned a value outside [0, 1]")
             return values
     # A user's own lambda function: call it with the documented context.
     from lightning_adv.lambdas import GAELambdaContext
@@ -228,8 +228,8 @@ def row_lambdas(config: ActorConfig, token_lengths: list, turn_counts: list,
         turn_counts=torch.tensor(turn_counts, dtype=torch.int64),
         timestep_lengths=torch.tensor(lengths, dtype=torch.int64))
     values = [float(v) for v in fn(context, **config.gae_lambda_kwargs).tolist()]
-    if not all(math.isfinite(v) for v in values):
-        raise SpecError(f"gae_lambda function {lam} returned a non-finite value")
+    if not all(math.isfinite(v) and 0 <= v <= 1 for v in values):
+        raise SpecError(f"gae_lambda function {lam} returned a value outside [0, 1]")
     return values
 
 

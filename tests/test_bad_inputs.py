@@ -1,8 +1,9 @@
 """A catalogue of bad inputs: each gives one clear error naming the field (SPEC §7).
 
 Every entry builds a bad call and names the exception type and the fragments its message
-must contain (the field, and what was expected). The README's troubleshooting table lists
-the same entries by id.
+must contain (the field, and what was expected). Inputs whose legacy numbers are kept give
+a warning of a named category instead (``warns``); their entries run with that category
+turned into an error. The README's troubleshooting table lists the same entries by id.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 
 from batches import rows_batch
 from lightning_adv import (
-    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup,
-    concat_batch)
+    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, IgnoredSettingWarning,
+    LogProbRangeWarning, MissingRefLogpWarning, NormConfig, PRMAdvantageShapingConfig,
+    RolloutGroup, SingletonGroupWarning, UnknownBatchKeyWarning, compute_token_gae, concat_batch)
 
 
 def good(**extra):
@@ -44,6 +46,41 @@ def call(batch, meta=None, prm=None, **config):
             warnings.simplefilter("ignore")
             return AdvantageModule(ActorConfig(**config))(batch, meta, prm=prm)
     return run
+
+
+def warns(category, batch, meta=None, **config):
+    """A call whose only complaint is a ``category`` warning, raised as an error."""
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", category)
+            return AdvantageModule(ActorConfig(**config))(batch, meta)
+    return run
+
+
+def config_warns(category, **config):
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", category)
+            return ActorConfig(**config)
+    return run
+
+
+def token_gae(mask=None, discount=1.0, gae_lambda=1.0):
+    mask = torch.ones(2, 4) if mask is None else mask
+    return lambda: compute_token_gae(torch.zeros(2, 4), torch.zeros(2, 4), mask,
+                                     bootstrap_values=torch.zeros(2), discount=discount,
+                                     gae_lambda=gae_lambda)
+
+
+def out_of_range_lambda(context):
+    return torch.full(context.timestep_lengths.shape, 1.5)
+
+
+GROUP_NORM = NormConfig(mean_level="group", std_level="group")
+PROBABILITIES = torch.tensor([[0.0, 0.7, 0.2, 0.0], [0.0, 0.9, 0.5, 0.4]])
+POSITIVE_REF = torch.tensor([[0.75, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
 
 
 @dataclass
@@ -111,6 +148,25 @@ CATALOGUE = [
         ValueError, ("'is_truncated'", "shape [2]", "[2, 1]")),
     Bad("is-truncated-float", call(with_key("is_truncated", torch.tensor([0.0, 1.0]))), ValueError,
         ("'is_truncated'", "bool or integer")),
+    Bad("missing-key-misspelt", call({**without("rewards"), "reward": torch.ones(2)}), ValueError,
+        ("rollout batch has no 'rewards'", "'reward' for 'rewards'")),
+    Bad("batch-key-misspelt", warns(UnknownBatchKeyWarning, good(token_reward=torch.ones(2, 4))),
+        UnknownBatchKeyWarning, ("'token_reward'", "did you mean 'token_rewards'?")),
+    Bad("logprobs-above-zero", call(with_key("logprobs", PROBABILITIES)), ValueError,
+        ("'logprobs'", "expected log-probabilities", "generated tokens", "(0, 1): 0.7")),
+    Bad("ref-logp-above-zero", warns(LogProbRangeWarning, with_key("ref_logp", POSITIVE_REF)),
+        LogProbRangeWarning,
+        ("'ref_logp'", "expected log-probabilities", "actor.positive_ref_prox_logp")),
+    Bad("prox-logp-above-zero-raise", call(good(prox_logp=POSITIVE_REF), positive_ref_prox_logp="raise"),
+        ValueError, ("'prox_logp'", "expected log-probabilities", "(0, 0): 0.75")),
+    Bad("kl-without-ref-logp", warns(MissingRefLogpWarning, without("ref_logp")),
+        MissingRefLogpWarning, ("actor.kl_ctl=0.1", "no 'ref_logp'", "actor.missing_ref_logp")),
+    Bad("kl-without-ref-logp-raise", call(without("ref_logp"), missing_ref_logp="raise"),
+        ValueError, ("actor.kl_ctl=0.1", "no 'ref_logp'")),
+    Bad("process-mode-without-token-rewards",
+        warns(IgnoredSettingWarning, good(), advantage={"process_adv_shaping": "gvpo"}),
+        IgnoredSettingWarning, ("actor.advantage.process_adv_shaping", "'gvpo' is ignored",
+                                "no 'token_rewards'")),
     Bad("recompute-without-prox-logp", call(good(), recompute_logprob=True), ValueError,
         ("'prox_logp'", "recompute_logprob")),
     Bad("row-without-generated-token", call(rows_batch(["pgg.", "ppp."], [1.0, 1.0]),
@@ -159,6 +215,12 @@ CATALOGUE = [
         call(*concat_batch([{**good(), "rollout_group": RolloutGroup((2,))}]),
              reward_norm=NormConfig(mean_level="group", std_level="group")), ValueError,
         ("actor.reward_norm", "rows [1]", "explicit reference reward")),
+    Bad("singleton-groups", warns(SingletonGroupWarning, good(), reward_norm=GROUP_NORM),
+        SingletonGroupWarning, ("actor.reward_norm", "every group has one member",
+                                "group_size 1 and no meta", "actor.singleton_groups")),
+    Bad("singleton-groups-raise", call(good(), meta=BatchMeta(2, [1, 1]), adv_norm=GROUP_NORM,
+                                       singleton_groups="raise"), ValueError,
+        ("actor.adv_norm", "every group has one member", "member counts [1, 1]")),
     Bad("group-size-does-not-divide", call(rows_batch(["pg.", "pg.", "pg."], [0.0, 1.0, 2.0]),
                                            reward_norm=NormConfig(mean_level="group", group_size=2)),
         ValueError, ("actor.reward_norm.group_size", "3 rows")),
@@ -208,6 +270,35 @@ CATALOGUE = [
         lambda: AdvantageModule(ActorConfig(gae_lambda="lightning_adv.vapo_length_adaptive_gae",
                                             gae_lambda_kwargs={"alpha": -1})),
         ValueError, ("actor.gae_lambda", "rejects kwargs", "alpha must be a positive")),
+    Bad("lambda-function-out-of-range",
+        lambda: AdvantageModule(ActorConfig(gae_lambda="test_bad_inputs.out_of_range_lambda")),
+        ValueError, ("actor.gae_lambda 'test_bad_inputs.out_of_range_lambda'",
+                     "outside [0, 1]")),
+    Bad("config-lambda-kwargs-ignored",
+        config_warns(IgnoredSettingWarning, gae_lambda=0.9, gae_lambda_kwargs={"alpha": 1.0}),
+        IgnoredSettingWarning, ("actor.gae_lambda_kwargs", "is ignored", "the number 0.9")),
+    Bad("config-reward-clip-zero", lambda: ActorConfig(reward_clip=0.0), ValueError,
+        ("actor.reward_clip", "> 0", "0.0")),
+    Bad("config-reward-scaling-zero", lambda: ActorConfig(reward_scaling=0), ValueError,
+        ("actor.reward_scaling", "non-zero", "0")),
+    Bad("config-overlong-factor-zero",
+        lambda: ActorConfig(overlong_reward_penalty=True, overlong_tokens=2, overlong_penalty_factor=0.0),
+        ValueError, ("actor.overlong_penalty_factor", "> 0", "penalizes nothing")),
+    Bad("config-overlong-options-ignored", config_warns(IgnoredSettingWarning, overlong_tokens=4),
+        IgnoredSettingWarning, ("actor.overlong_tokens", "is ignored",
+                                "actor.overlong_reward_penalty is false")),
+    Bad("config-overlong-tokens-invalid", lambda: ActorConfig(overlong_tokens=0), ValueError,
+        ("actor.overlong_tokens", "null or a positive integer", "0")),
+    Bad("config-kl-estimator-ignored", config_warns(IgnoredSettingWarning, kl_ctl=0.0, kl_estimator="k3"),
+        IgnoredSettingWarning, ("actor.kl_estimator", "'k3' is ignored", "actor.kl_ctl is 0")),
+    Bad("kernel-discount-out-of-range", token_gae(discount=2.0), ValueError,
+        ("compute_token_gae", "discount", "[0, 1]", "2.0")),
+    Bad("kernel-lambda-nan", token_gae(gae_lambda=math.nan), ValueError,
+        ("compute_token_gae", "gae_lambda", "[0, 1]", "nan")),
+    Bad("kernel-lambda-tensor-out-of-range", token_gae(gae_lambda=torch.tensor([0.5, 1.5])),
+        ValueError, ("compute_token_gae", "gae_lambda tensor", "[0, 1]", "max 1.5")),
+    Bad("kernel-mask-not-binary", token_gae(mask=torch.full((2, 4), 3.0)), ValueError,
+        ("compute_token_gae", "loss_mask", "only 0 and 1", "3.0")),
     Bad("config-norm-eps-zero", lambda: ActorConfig(reward_norm={"eps": 0.0}), ValueError,
         ("actor.reward_norm.eps", "> 0")),
     Bad("config-gpg-eps-zero", lambda: ActorConfig(advantage={"outcome_reward_shaping": {

@@ -107,7 +107,9 @@ def test_kl_estimators(estimator, kl):
 
 
 def test_kl_is_clamped_to_ten():
-    batch = rows_batch(["pgg."], [0.0], logprobs=[[0.0, 30.0, -30.0, 0.0]])
+    # old - ref = +30 at position 0 and -30 at position 1 (log-probs stay <= 0)
+    batch = rows_batch(["pgg."], [0.0], logprobs=[[0.0, 0.0, -30.0, 0.0]],
+                       ref_logp=[[-30.0, 0.0, 0.0, 0.0]])
     out = run(batch, kl_ctl=1.0)
     close(out["kl_rewards"], [[-10, 10, 0, 0]])
 
@@ -160,7 +162,7 @@ def test_dropped_outcome_reward_warns_once_naming_rows_and_can_raise():
         AdvantageModule(ActorConfig(dropped_outcome_reward="raise"))(batch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        AdvantageModule(ActorConfig(dropped_outcome_reward="ignore"))(batch)
+        AdvantageModule(ActorConfig(dropped_outcome_reward="ignore", kl_ctl=0.0))(batch)
 
 
 # ------------------------------------------------------------------------- rewards
