@@ -151,8 +151,16 @@ def run_in_process(source: Path, name: str, steps: int, threads: int) -> dict[st
             f"run = runpy.run_path({__file__!r})['run_config']; "
             f"print('TIMINGS', json.dumps(run({name!r}, {steps}, "
             f"pathlib.Path({str(source / 'configs')!r}))))")
+    # (imported here: this file also runs inside the baseline's process, which has its own
+    # lightning_adv)
+    from lightning_adv.openmp import MARKER
+
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
+    if source != ROOT and env.get(MARKER) == env.get("OMP_WAIT_POLICY"):
+        # the baseline runs with its own defaults: it did not choose a wait policy
+        env.pop("OMP_WAIT_POLICY", None)
+        env.pop(MARKER, None)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=source)
     lines = [line for line in run.stdout.splitlines() if line.startswith("TIMINGS ")]

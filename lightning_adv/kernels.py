@@ -455,7 +455,7 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
 
     Chunks are equal except the first, which takes the remainder: in the flipped row the
     whole chunks are then one ``[B, n_chunks, chunk]`` view, so each pass is one
-    whole-tensor operation, with no padding. ``counts`` is overwritten.
+    whole-tensor operation, with no padding. ``counts`` and ``deltas`` are overwritten.
     """
     bs, n = deltas.shape
     device = deltas.device
@@ -472,18 +472,19 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
         starts = torch.cat([counts[:, :1], counts[:, head:n:chunk]], dim=1)  # [B, n_chunks]
         active_per_chunk = torch.cat([starts[:, 1:], counts[:, n:]], dim=1) - starts
         counts[:, head:n].view(bs, n_chunks - 1, chunk).sub_(starts[:, 1:, None])
-    scale = torch.gather(powers, 1, counts[:, :n], out=scratch((bs, n), torch.float64, device))
-    terms = scratch((bs, n), torch.float64, device).copy_(deltas).mul_(scale)
-    # Flipping whole rows keeps the flips on contiguous 2-D tensors; in the flipped row a
-    # chunk's cumulative sums are its suffix sums.
-    sums = terms.flip(1)
-    del terms
+    # Everything runs on flipped rows, where a chunk's suffix sums are cumulative sums:
+    # the exponents and the deltas are flipped on the way in (a long and a float32 flip),
+    # the result on the way out (its flip is the output's fresh memory).
+    scale = torch.gather(powers, 1, counts[:, :n].flip(1),
+                         out=scratch((bs, n), torch.float64, device))  # c**q, flipped
+    sums = scratch((bs, n), torch.float64, device).copy_(deltas.flip(1)).mul_(scale)
     tail = n - head                           # the whole chunks, first in the flipped row
     if n_chunks > 1:
         whole = sums[:, :tail].view(bs, n_chunks - 1, chunk)
         whole.cumsum_(2)
         sums[:, tail:].cumsum_(1)
-        # The sum over each whole chunk, last chunk of the row first, then the head's.
+        # The sum over each chunk, in row order: the head's (last in the flipped row),
+        # then the whole chunks'.
         chunk_sums = torch.cat([sums[:, n - 1:], whole[:, :, -1].flip(1)], dim=1)
         decay = powers.gather(1, active_per_chunk)               # c**J per chunk
         # The advantage at each chunk start: A_i = c**J_i · A_{i+1} + sum_i; chunk i
@@ -494,10 +495,12 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
         whole[:, 1:].add_(carry[:, 1:].flip(1)[:, :, None])
     else:
         sums.cumsum_(1)
-    adv = sums.flip(1)
-    del sums
-    # ``adv`` is fresh memory (the flip's), so a float64 result is returned as it is.
-    return adv.div_(scale).to(out_dtype)
+    sums.div_(scale)
+    if out_dtype == torch.float64:
+        return sums.flip(1)
+    # (the deltas, read for the last time above, take the conversion when they can)
+    converted = deltas if deltas.dtype == out_dtype else scratch((bs, n), out_dtype, device)
+    return converted.copy_(sums).flip(1)
 
 
 def _affine_suffix_scan(a: Tensor, b: Tensor) -> Tensor:

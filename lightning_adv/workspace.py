@@ -19,9 +19,9 @@ How reuse stays invisible:
   threads, and the bare kernels called from user code, allocate as usual), and each
   thread has its own (:class:`ThreadWorkspaces`).
 
-A workspace holds, between calls, as many buffers of each dtype as were alive at once,
-each as large as the largest asked for (a narrower batch reuses them); it is freed with
-its module, or by :meth:`Workspace.release`.
+A workspace holds, between calls, as many byte buffers as temporaries were alive at once
+(any dtype), each as large as the largest asked for (a narrower batch reuses them); it
+is freed with its module, or by :meth:`Workspace.release`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 class _Buffer:
     __slots__ = ("flat", "storage", "free_count")
 
-    def __init__(self, numel: int, dtype: torch.dtype):
-        self.flat = torch.empty(numel, dtype=dtype)
+    def __init__(self, nbytes: int):
+        self.flat = torch.empty(nbytes, dtype=torch.uint8)
         self.storage = self.flat.untyped_storage()
         # The references of the pool itself (the flat tensor and the storage object).
         self.free_count = _use_count(self.storage._cdata)
@@ -54,10 +54,12 @@ class _Buffer:
 
 
 class Workspace:
-    """Flat CPU buffers per dtype, handed out as contiguous views while unreferenced."""
+    """Flat CPU byte buffers, handed out as contiguous tensors of any dtype while nothing
+    else references them: memory a temporary of one dtype held is reused by the next
+    temporary of any dtype, so the pool holds the most bytes alive at once."""
 
     def __init__(self) -> None:
-        self._pools: dict[torch.dtype, list[_Buffer]] = {}
+        self._pool: list[_Buffer] = []
 
     def take(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
         """An uninitialized contiguous CPU tensor of ``shape`` whose memory nothing else
@@ -66,33 +68,34 @@ class Workspace:
         for size in reversed(shape):
             strides.append(numel)
             numel *= int(size)
-        pool = self._pools.setdefault(dtype, [])
+        nbytes = max(numel, 1) * dtype.itemsize
         chosen = None
-        for i, buffer in enumerate(pool):
+        for i, buffer in enumerate(self._pool):
             if buffer.is_free():
-                if buffer.flat.numel() >= numel:
-                    chosen = buffer
-                    break
-                if chosen is None:
+                if buffer.flat.numel() >= nbytes:
+                    if chosen is None or isinstance(chosen, int) or \
+                            buffer.flat.numel() < chosen.flat.numel():
+                        chosen = buffer  # the smallest free buffer that fits
+                elif chosen is None:
                     chosen = i  # a free buffer too small: replace it rather than add one
         if not isinstance(chosen, _Buffer):
-            buffer = _Buffer(numel, dtype)
+            buffer = _Buffer(nbytes)
             if chosen is None:
-                pool.append(buffer)
+                self._pool.append(buffer)
             else:
-                pool[chosen] = buffer
+                self._pool[chosen] = buffer
             chosen = buffer
-        return chosen.flat.as_strided(tuple(shape), tuple(reversed(strides)))
+        typed = chosen.flat[:nbytes].view(dtype)
+        return typed.as_strided(tuple(shape), tuple(reversed(strides)))
 
     @property
     def nbytes(self) -> int:
         """Bytes held."""
-        return sum(b.flat.numel() * b.flat.element_size()
-                   for pool in self._pools.values() for b in pool)
+        return sum(b.flat.numel() for b in self._pool)
 
     def release(self) -> None:
         """Free every buffer (the next call allocates again)."""
-        self._pools.clear()
+        self._pool.clear()
 
     @contextlib.contextmanager
     def active(self) -> Iterator["Workspace"]:
