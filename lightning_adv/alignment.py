@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.batch_checks import BatchFacts, present
+from lightning_adv.batch_checks import SMALL, BatchFacts, present
 from lightning_adv.config import ActorConfig
 from lightning_adv.contracts import TemporalInputs
 from lightning_adv.meta import BatchMeta
@@ -38,7 +38,10 @@ def _shift_left_into(out: Tensor, x: Tensor, last: Optional[Tensor] = None) -> T
 
 def _masked_shift(x: Tensor, mask: Tensor) -> Tensor:
     """``shift_left(x) * mask`` in ``x``'s dtype (as the in-place multiply it replaces):
-    one pass into a new tensor."""
+    one pass into a new tensor (two calls, roll then multiply, for small batches, where
+    each call's dispatch costs more than the pass)."""
+    if x.numel() < SMALL:
+        return shift_left(x).mul_(mask)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     torch.mul(x[:, 1:], mask[:, :-1], out=out[:, :-1])
     torch.mul(x[:, 0], mask[:, -1], out=out[:, -1])
@@ -153,8 +156,7 @@ def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig,
     it may live in the module's workspace instead of fresh memory.
     """
     facts = aligned.facts
-    rows = torch.arange(facts.batch_size, device=facts.device)
-    position = (facts.seqlens - 2).clamp(min=0)
+    position = (facts.seqlens - 2).clamp_(min=0)[:, None]
     scores = scores.float()
     if config.mask_no_eos_with_zero:
         scores = torch.where(facts.is_truncated, torch.zeros_like(scores), scores)
@@ -162,9 +164,9 @@ def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig,
         outcome = scratch(aligned.loss_mask.shape, torch.float32, facts.device).zero_()
     else:
         outcome = torch.zeros_like(aligned.loss_mask)
-    outcome[rows, position] = scores
+    outcome.scatter_(1, position, scores[:, None])
     if config.dropped_outcome_reward != "ignore":
-        dropped = aligned.loss_mask[rows, position] == 0
+        dropped = aligned.loss_mask.gather(1, position)[:, 0] == 0
         if config.mask_no_eos_with_zero:
             dropped &= ~facts.is_truncated
         if bool(dropped.any()):

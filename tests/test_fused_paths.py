@@ -89,13 +89,17 @@ def test_aligned_loss_mask_is_the_rolled_mask_at_both_sizes(dtype, monkeypatch):
     assert torch.equal(got, want) and got.dtype == torch.float32
 
 
+@pytest.mark.parametrize("small", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_masked_shift_is_roll_then_multiply(dtype):
+def test_masked_shift_is_roll_then_multiply(dtype, small, monkeypatch):
+    if not small:
+        monkeypatch.setattr(alignment, "SMALL", 0)  # the one-pass variant for big batches
     x = torch.randn(6, 40).to(dtype)
     mask = (torch.rand(6, 40) < 0.5).float()
     want = torch.roll(x, -1, dims=-1).mul_(mask)
     got = alignment._masked_shift(x, mask)
     assert got.dtype == want.dtype and torch.equal(got, want)
+    assert got.data_ptr() != x.data_ptr()
 
 
 def reference_normalize(x, config, mask, sizes, members):
