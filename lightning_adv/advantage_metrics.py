@@ -14,6 +14,8 @@ results), it reports:
   give no learning signal; a group without active tokens counts as zero. Needs ``meta``;
 - ``process_reward``: token mean of the batch's ``token_rewards`` over the generated
   tokens (``input_token_loss_mask``), when present;
+- ``unscorable_fraction``: the fraction of rows whose reward was NaN and that were left
+  out (``actor.unscorable_rewards: exclude``, the module's ``unscorable`` output);
 - the ``PPOLoss`` diagnostics (``policy_loss``, ``approx_kl``, ``clipfrac``, ...), each
   weighted by the minibatch's ``num_tokens``.
 
@@ -80,7 +82,7 @@ class AdvantageMetrics(Metric):
             self.add_state(f"{name}_max", torch.tensor(float("-inf"), dtype=torch.float64),
                            dist_reduce_fx="max")
         for name in ("zero_groups", "groups", "process_sum", "process_tokens",
-                     "unnormalized_advantages_tokens"):
+                     "unnormalized_advantages_tokens", "unscorable_rows", "scored_rows"):
             self.add_state(name, zero(), dist_reduce_fx="sum")
         for name in LOSS_DIAGNOSTICS:
             self.add_state(f"loss_{name}_sum", zero(), dist_reduce_fx="sum")
@@ -132,6 +134,9 @@ class AdvantageMetrics(Metric):
                 chosen = x[active]
                 setattr(self, f"{name}_min", torch.minimum(getattr(self, f"{name}_min"), chosen.min()))
                 setattr(self, f"{name}_max", torch.maximum(getattr(self, f"{name}_max"), chosen.max()))
+        if isinstance(out.get("unscorable"), Tensor):
+            self.unscorable_rows += out["unscorable"].detach().double().sum()
+            self.scored_rows += out["unscorable"].numel()
         if meta is not None:
             self._update_groups(out["advantages"].detach(), active, meta)
         if "token_rewards" in out:
@@ -192,6 +197,8 @@ class AdvantageMetrics(Metric):
             out[p + "zero_adv_group_frac"] = self.zero_groups / self.groups
         if self.process_tokens > 0:
             out[p + "process_reward"] = self.process_sum / self.process_tokens
+        if self.scored_rows > 0:
+            out[p + "unscorable_fraction"] = self.unscorable_rows / self.scored_rows
         for name in LOSS_DIAGNOSTICS:
             tokens = getattr(self, f"loss_{name}_tokens")
             if tokens > 0:

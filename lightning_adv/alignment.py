@@ -182,11 +182,12 @@ def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig,
 
 
 def temporal_inputs(aligned: AlignedBatch, outcome: Tensor, config: ActorConfig,
-                    meta: Optional[BatchMeta]) -> TemporalInputs:
+                    meta: Optional[BatchMeta],
+                    data: Optional[Mapping[str, Any]] = None) -> TemporalInputs:
     return TemporalInputs(
         outcome_rewards=outcome, kl_rewards=aligned.kl_rewards,
         process_rewards=aligned.folded_token_rewards, values=aligned.values,
         loss_mask=aligned.loss_mask, turn_ids=aligned.turn_ids,
         bootstrap_values=aligned.bootstrap_values, is_truncated=aligned.is_truncated,
         discount=float(config.discount), timestep_unit=config.gae_timestep_unit,
-        config=config, meta=meta)
+        config=config, meta=meta, old_logprobs=aligned.old_logp, data=data)

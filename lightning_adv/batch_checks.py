@@ -38,7 +38,9 @@ LOGP_TOLERANCE = 1e-3
 KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards",
                               "is_truncated", "mopd_teacher_logp_sum", "advantages", "returns",
                               "tot_rewards", "kl_rewards", "input_token_loss_mask",
-                              "mopd_behavior_logprobs", "unnormalized_advantages")
+                              "mopd_behavior_logprobs", "unnormalized_advantages",
+                              # read by some stages (register_stage(requires=...)), or written
+                              "reward_baselines", "sum_pi_squared", "unscorable")
 #: How alike a key must be to a known key to count as a misspelling of it
 #: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
 NEAR_MISS_CUTOFF = 0.75

@@ -31,6 +31,8 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 TIMESTEP_UNITS = ("token", "turn")
 PRM_MODES = ("additive", "gvpo", "process_weighted")
 DROPPED_OUTCOME_ACTIONS = ("warn", "raise", "ignore")
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+UNSCORABLE_ACTIONS = ("error", "exclude")
 #: What to do about a suspicious batch (options ``dropped_outcome_reward``,
 #: ``singleton_groups``, ``missing_ref_logp``, ``positive_ref_prox_logp``).
 CHECK_ACTIONS = DROPPED_OUTCOME_ACTIONS
@@ -68,6 +70,9 @@ def nested_config(cls: type, key: str, value: Any, shorthand: Optional[str] = No
         value = {shorthand: value}
     if not isinstance(value, Mapping):
         return value
+    # jsonargparse records where a section loaded from its own file came from
+    # (``--model.actor=configs/advantage/grpo.yaml``); that is not a field.
+    value = {k: v for k, v in value.items() if k != "__path__"}
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(value) - names)
     if unknown:
@@ -227,15 +232,59 @@ class PRMAdvantageShapingConfig:
 
 
 @dataclass(frozen=True)
+class TruncatedRewardConfig:
+    """The outcome reward of a row cut by the length limit (ProRL's stop-properly penalty):
+    multiplied by ``scale`` or replaced by ``value``; set exactly one."""
+
+    scale: Optional[float] = None
+    """truncated rows get reward * scale (a number in [0, 1])"""
+    value: Optional[float] = None
+    """truncated rows get this reward (e.g. -0.5)"""
+
+    KEY: ClassVar[str] = "TruncatedRewardConfig"
+    """how errors name this config when it is built on its own (its parent re-keys them)"""
+
+    def __post_init__(self) -> None:
+        self.validate(self.KEY)
+
+    def validate(self, key: str) -> None:
+        if (self.scale is None) == (self.value is None):
+            raise ValueError(f"{key}: expected exactly one of scale (truncated rows get reward * "
+                             f"scale) or value (truncated rows get value), got "
+                             f"scale={self.scale!r}, value={self.value!r}")
+        if self.scale is not None:
+            check_number(f"{key}.scale", self.scale, minimum=0.0, maximum=1.0)
+        else:
+            check_number(f"{key}.value", self.value)
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """Actor options that shape advantages (SPEC §2). Parsed under ``model.actor``."""
 
+    recipe: Optional[str] = None
+    """a named recipe (grpo, rloo, ...; lightning_adv.recipes) supplying every field left at
+    its default here; fields set to another value override the recipe (with a warning
+    naming them); null: no recipe"""
     reward_bias: float = 0.0
     """added to each outcome reward before scaling"""
     reward_scaling: float = 1.0
     """multiplies the biased outcome reward (non-zero; negative turns a cost into a reward)"""
-    reward_clip: float = 20.0
-    """scaled rewards are clipped to [-reward_clip, reward_clip] (> 0, .inf: no clipping)"""
+    reward_clip: Union[float, list[float]] = 20.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip] (> 0, .inf: no clipping),
+    or to [low, high] when given as two numbers"""
+    reward_weights: Optional[list[float]] = None
+    """one weight per column of a [B, K] rewards tensor (one column per reward function);
+    null: a [B] (or [B, 1]) rewards tensor"""
+    reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """how [B, K] rewards become one per row: the weighted sum (sum_then_normalize), or each
+    column normalized within its prompt group first, then the weighted sum
+    (normalize_then_sum: GDPO, TRL's multi_objective_aggregation)"""
+    unscorable_rewards: Literal["error", "exclude"] = "error"
+    """a NaN outcome reward: an error naming the rows, or (exclude) a row that could not be
+    scored: left out of every statistic, advantage 0, counted as unscorable_fraction"""
+    truncated_reward: Optional[TruncatedRewardConfig] = None
+    """reward of rows cut by the length limit: {scale: c} or {value: c} (null: unchanged)"""
     reward_norm: Optional[NormConfig] = None
     """normalization of outcome rewards (null: off)"""
     adv_norm: Optional[NormConfig] = None
@@ -285,9 +334,18 @@ class ActorConfig:
     def __post_init__(self) -> None:
         for name in ("reward_norm", "adv_norm"):
             convert_field(self, name, nested_config(NormConfig, f"{self.KEY}.{name}", getattr(self, name)))
+        convert_field(self, "truncated_reward", nested_config(
+            TruncatedRewardConfig, f"{self.KEY}.truncated_reward", self.truncated_reward))
         advantage = nested_config(AdvantageConfig, f"{self.KEY}.advantage", self.advantage)
         convert_field(self, "advantage", AdvantageConfig() if advantage is None else advantage)
         convert_field(self, "gae_lambda_kwargs", _own_kwargs(self.gae_lambda_kwargs))
+        for name in ("reward_clip", "reward_weights"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                convert_field(self, name, list(value))
+        if self.recipe is not None:
+            from lightning_adv.recipes import apply_recipe  # the recipes are ActorConfigs
+            apply_recipe(self, f"{self.KEY}.recipe")
         self.validate(self.KEY)
 
     def validate(self, key: str) -> None:
@@ -303,10 +361,13 @@ class ActorConfig:
         if self.reward_scaling == 0:
             fail(f"{key}.reward_scaling", "a non-zero number (0 scales every outcome reward, "
                  "and so every advantage, to 0)", self.reward_scaling)
-        check_number(f"{key}.reward_clip", self.reward_clip, allow_inf=True)
-        if not self.reward_clip > 0:
-            fail(f"{key}.reward_clip", "a number > 0 or .inf (0 clips every outcome reward, "
-                 "and so every advantage, to 0)", self.reward_clip)
+        check_reward_clip(f"{key}.reward_clip", self.reward_clip)
+        check_reward_weights(f"{key}.reward_weights", self.reward_weights)
+        check_choice(f"{key}.reward_aggregation", self.reward_aggregation, REWARD_AGGREGATIONS)
+        check_choice(f"{key}.unscorable_rewards", self.unscorable_rewards, UNSCORABLE_ACTIONS)
+        if self.truncated_reward is not None and not isinstance(self.truncated_reward,
+                                                                TruncatedRewardConfig):
+            fail(f"{key}.truncated_reward", "null, {scale: c} or {value: c}", self.truncated_reward)
         check_number(f"{key}.kl_ctl", self.kl_ctl, minimum=0.0)
         check_choice(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         if self.kl_ctl == 0 and self.kl_estimator != "k1":
@@ -367,6 +428,13 @@ class ActorConfig:
                  "is on (0 penalizes nothing; set overlong_reward_penalty to false)", factor)
 
     @property
+    def reward_clip_range(self) -> tuple[float, float]:
+        """``(low, high)`` of ``reward_clip``: ``(-c, c)`` for a number."""
+        if isinstance(self.reward_clip, list):
+            return float(self.reward_clip[0]), float(self.reward_clip[1])
+        return -float(self.reward_clip), float(self.reward_clip)
+
+    @property
     def estimator_unit(self) -> str:
         """Timestep unit of the built-in estimator that actually runs."""
         spec = self.advantage.estimator
@@ -375,6 +443,32 @@ class ActorConfig:
         if spec is not None and spec.implementation == "turn_gae":
             return "turn"
         return self.gae_timestep_unit
+
+
+def check_reward_clip(key: str, value: Any) -> None:
+    """A number c > 0 or .inf (the range [-c, c]) or two numbers [low, high], low < high."""
+    if isinstance(value, list):
+        if len(value) != 2:
+            fail(key, "a number or two numbers [low, high]", value)
+        for i, bound in enumerate(value):
+            check_number(f"{key}[{i}]", bound, allow_inf=True)
+        if not value[0] < value[1]:
+            fail(key, "[low, high] with low < high", value)
+        return
+    check_number(key, value, allow_inf=True)
+    if not value > 0:
+        fail(key, "a number > 0 or .inf (0 clips every outcome reward, and so every "
+             "advantage, to 0), or [low, high]", value)
+
+
+def check_reward_weights(key: str, weights: Any) -> None:
+    """Null, or a non-empty list of finite numbers (one per reward column)."""
+    if weights is None:
+        return
+    if not isinstance(weights, list) or not weights:
+        fail(key, "null or a non-empty list of numbers (one per reward column)", weights)
+    for i, weight in enumerate(weights):
+        check_number(f"{key}[{i}]", weight)
 
 
 def warn_ignored(key: str, value: Any, why: str) -> None:

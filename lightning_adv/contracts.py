@@ -85,6 +85,11 @@ class TemporalInputs:
     """the actor configuration"""
     meta: Optional["BatchMeta"]
     """grouping metadata, or None"""
+    old_logprobs: Optional[Tensor] = None
+    """[B, T] aligned old (behaviour or recomputed) log-probs, 0 off the mask"""
+    data: Optional[Mapping[str, Any]] = None
+    """read-only view of the rollout batch, for optional keys an estimator reads
+    (``sum_pi_squared``); the tensors above are already aligned"""
 
 
 @dataclass(frozen=True)

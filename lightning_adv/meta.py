@@ -13,6 +13,9 @@ from torch import Tensor
 from lightning_adv.validators import is_int
 
 ROLLOUT_GROUP_KEY = "rollout_group"
+#: 2-D keys with one row per sample that are not token tensors (``rewards`` may be
+#: ``[rows, K]``, one column per reward function): concatenated, never padded or trimmed.
+ROW_KEYS = frozenset({"rewards"})
 
 
 @dataclass(frozen=True)
@@ -277,7 +280,7 @@ def _concat_values(key: str, values: list[Any], sizes: list[int], width: int) ->
                              f"rows, but its attention_mask has {sizes[i]}")
     if first.ndim == 0:
         return first.clone()
-    if first.ndim >= 2:
+    if first.ndim >= 2 and key not in ROW_KEYS:
         # A tensor wider than the prompts keeps its extra width, so the module can
         # report the shape mismatch instead of silently losing columns.
         key_width = max([width] + [v.shape[1] for v in values])
@@ -299,7 +302,7 @@ def split_batch(batch: Mapping[str, Any], meta: BatchMeta) -> list[dict[str, Any
         for key, value in batch.items():
             if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n_rows:
                 part = value[lo:hi]
-                if value.ndim >= 2 and seqlens is not None:
+                if value.ndim >= 2 and seqlens is not None and key not in ROW_KEYS:
                     part = part[:, : seqlens[i]]
                 traj[key] = part.clone()
             elif isinstance(value, list) and len(value) == n_rows:

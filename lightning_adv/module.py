@@ -28,8 +28,10 @@ from lightning_adv.meta import BatchMeta
 from lightning_adv.normalization import (
     check_group_members, norm_errors, normalize, normalize_outcome_rewards)
 from lightning_adv.prm import resolve_process_mode
-from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty
+from lightning_adv.reward_components import combine_reward_components
+from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty, apply_truncated_reward
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
+from lightning_adv.unscorable import merge_rows, select_meta, select_rows, unscorable_rows
 from lightning_adv.validators import warn_caller
 from lightning_adv.workspace import ThreadWorkspaces
 
@@ -73,6 +75,18 @@ class AdvantageModule(nn.Module):
         """scratch buffers of the pipeline's temporaries, kept from call to call (CPU); see
         :mod:`lightning_adv.workspace`. ``module.workspaces.release()`` frees them."""
 
+    @property
+    def required_batch_keys(self) -> frozenset[str]:
+        """Optional batch keys the configured built-in stages read (their
+        ``register_stage(requires=...)``), e.g. ``sum_pi_squared`` or ``reward_baselines``:
+        a trainer computes them only when some stage asks."""
+        keys: set[str] = set()
+        for name in ("outcome", "estimator", "process"):
+            stage = getattr(self, name, None)
+            if isinstance(stage, Stage) and stage.builtin and stage.fn is not None:
+                keys.update(builtin_stage(stage.family, stage.implementation).requires)
+        return frozenset(keys)
+
     # ------------------------------------------------------------------ entry point
 
     @torch.no_grad()
@@ -80,27 +94,67 @@ class AdvantageModule(nn.Module):
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
             with self.workspaces.get().active():
-                facts = validate_batch(batch, meta, self.config)
-                replaced = self.config.advantage.is_replaced
-                # Check the call-time prm before any work (its mode is resolved per stage call).
-                resolve_process_mode(prm, self.config, None if replaced else self.process)
-                compute = self.compute_replacement if replaced else self.compute_default
-                out = compute(batch, meta, prm, facts)
+                unscorable = unscorable_rows(batch, self.config)
+                if unscorable is None:
+                    out = self._compute(batch, meta, prm)
+                else:
+                    out = self.compute_without_rows(batch, meta, prm, unscorable)
         except PeerRankFailed:
             raise
         except Exception:
             # Under DDP the other ranks may be waiting in a collective: let them fail too.
             report_failure(_device_of(batch))
             raise
-        check_peers(facts.device)  # a peer may have failed after this rank's last collective
+        check_peers(_device_of(batch))  # a peer may have failed after this rank's last collective
         return out
+
+    def _compute(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                 prm: Optional[PRMAdvantageShapingConfig]) -> dict[str, Any]:
+        batch = combine_reward_components(batch, meta, self.config)
+        facts = validate_batch(batch, meta, self.config)
+        replaced = self.config.advantage.is_replaced
+        # Check the call-time prm before any work (its mode is resolved per stage call).
+        resolve_process_mode(prm, self.config, None if replaced else self.process)
+        compute = self.compute_replacement if replaced else self.compute_default
+        out = compute(batch, meta, prm, facts)
+        if self.config.unscorable_rewards == "exclude":
+            out["unscorable"] = torch.zeros(facts.batch_size, dtype=torch.bool, device=facts.device)
+        return out
+
+    def compute_without_rows(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                             prm: Optional[PRMAdvantageShapingConfig],
+                             unscorable: Tensor) -> dict[str, Any]:
+        """``actor.unscorable_rewards: exclude``: the pipeline on the scorable rows only,
+        then the unscorable rows put back with advantage 0 (:mod:`lightning_adv.unscorable`)."""
+        kept = ~unscorable
+        selected = select_rows(batch, kept)
+        out = self._compute(selected, select_meta(meta, kept), prm)
+        dropped = select_rows(batch, unscorable)
+        dropped["rewards"] = torch.zeros(int(unscorable.sum()), device=unscorable.device)
+        facts = validate_batch(dropped, None, self.config)
+        aligned = align_batch(dropped, facts, self.config)
+        zeros = torch.zeros_like(aligned.loss_mask)
+        filler = {"loss_mask": aligned.loss_mask, "logprobs": aligned.old_logp,
+                  "returns": aligned.values * aligned.loss_mask, "ref_logp": aligned.ref_logp,
+                  "is_truncated": aligned.is_truncated, "input_token_loss_mask": dropped["loss_mask"],
+                  "advantages": zeros, "tot_rewards": zeros, "kl_rewards": zeros,
+                  "rewards": torch.zeros_like(dropped["rewards"])}
+        if aligned.prox_logp is not None:
+            filler["prox_logp"] = aligned.prox_logp
+        if aligned.mopd_behavior_logprobs is not None:
+            filler["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
+        merged = merge_rows(batch, selected, out, kept, filler)
+        merged["unscorable"] = unscorable
+        return merged
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                         prm: Optional[PRMAdvantageShapingConfig], facts: BatchFacts) -> dict[str, Any]:
         """The default pipeline, in the design note's order."""
         config = self.config
         self._check_settings_against(batch)
-        penalized = apply_length_penalty(batch["rewards"], batch["loss_mask"], config)
+        penalized = apply_truncated_reward(
+            apply_length_penalty(batch["rewards"], batch["loss_mask"], config),
+            facts.is_truncated, config)
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
@@ -109,7 +163,7 @@ class AdvantageModule(nn.Module):
                               and self.estimator.implementation in ("token_gae", "reinforce"))
         aligned = align_batch(batch, facts, config, self._turn_ids_needed_by(), reads_turn_ids)
         outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
-        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta))
+        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta, data))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
             advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)

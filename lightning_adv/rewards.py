@@ -1,5 +1,6 @@
-"""Token and outcome reward terms computed from the batch: the DAPO length penalty and
-the KL penalty against the frozen reference policy. New tensors only (SPEC §9)."""
+"""Token and outcome reward terms computed from the batch: the DAPO length penalty, the
+truncation penalty, reward scaling and clipping, and the KL penalty against the frozen
+reference policy. New tensors only (SPEC §9)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,20 @@ def kl_penalty(old: Tensor, ref: Optional[Tensor], kl_ctl: float, estimator: str
     return d.clamp_(min=-10, max=10).mul_(-kl_ctl)
 
 
+def apply_truncated_reward(rewards: Tensor, is_truncated: Tensor, config: ActorConfig) -> Tensor:
+    """ProRL's stop-properly penalty (``actor.truncated_reward``): rows cut by the length
+    limit get ``reward * scale`` or ``value``; a new float tensor (the input when off)."""
+    spec = config.truncated_reward
+    if spec is None:
+        return rewards
+    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    penalized = (rewards * spec.scale if spec.scale is not None
+                 else torch.full_like(rewards, float(spec.value)))
+    return torch.where(is_truncated, penalized, rewards)
+
+
 def scale_rewards(rewards: Tensor, config: ActorConfig) -> Tensor:
-    """``clip((r + reward_bias) * reward_scaling, ±reward_clip)`` (SPEC §3 step 3)."""
-    return ((rewards + config.reward_bias) * config.reward_scaling).clamp(
-        min=-config.reward_clip, max=config.reward_clip)
+    """``clip((r + reward_bias) * reward_scaling, low, high)`` (SPEC §3 step 3), with
+    ``(low, high) = (-reward_clip, reward_clip)`` or the two numbers of ``reward_clip``."""
+    low, high = config.reward_clip_range
+    return ((rewards + config.reward_bias) * config.reward_scaling).clamp(min=low, max=high)

@@ -121,7 +121,7 @@ CATALOGUE = [
     Bad("ref-logp-other-device", call(with_key("ref_logp", torch.zeros(2, 4, device="meta"))),
         ValueError, ("'ref_logp'", "on cpu", "meta")),
     Bad("rewards-nan", call(with_key("rewards", torch.tensor([1.0, math.nan]))), ValueError,
-        ("'rewards'", "finite", "(1,)")),
+        ("'rewards'", "rows [1] are NaN", "actor.unscorable_rewards: exclude")),
     Bad("rewards-inf", call(with_key("rewards", torch.tensor([math.inf, 0.0]))), ValueError,
         ("'rewards'", "finite")),
     Bad("rewards-bool", call(with_key("rewards", torch.tensor([True, False]))), ValueError,
@@ -326,6 +326,56 @@ def _contract_entries():
 
 # Stage results breaking each contract rule (the violating functions live in test_contracts).
 CATALOGUE += _contract_entries()
+
+
+def _recipe(name, batch, meta=True, **overrides):
+    from lightning_adv.recipes import recipe
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AdvantageModule(recipe(name, **overrides))(*(
+                concat_batch([batch]) if meta else (batch, None)))
+    return run
+
+
+# The estimators of lightning_adv.recipes and the reward-side options.
+CATALOGUE += [
+    Bad("reward-weights-wrong-length", _recipe("gdpo", with_key("rewards", torch.ones(2, 3)),
+                                                reward_weights=[1.0, 1.0]), ValueError,
+        ("actor.reward_weights", "expected 3 weights", "got 2")),
+    Bad("reward-columns-without-weights", _recipe("grpo", with_key("rewards", torch.ones(2, 3))),
+        ValueError, ("'rewards'", "[2, 3] and no actor.reward_weights", "set to K numbers")),
+    Bad("reward-columns-partly-nan", _recipe(
+        "grpo", with_key("rewards", torch.tensor([[1.0, math.nan], [0.0, 1.0]])), reward_weights=[1, 1],
+        unscorable_rewards="exclude"), ValueError, ("'rewards'", "rows [0]", "some reward columns")),
+    Bad("normalize-then-sum-without-meta", _recipe("gdpo", good(), meta=False), ValueError,
+        ("actor.reward_aggregation", "needs the batch's meta")),
+    Bad("remax-without-baselines", _recipe("remax", good()), ValueError,
+        ("'remax_baseline'", "no 'reward_baselines'", "ppo.greedy_baseline")),
+    Bad("remax-baselines-wrong-shape", _recipe("remax", good(reward_baselines=torch.zeros(2, 1)),
+                                                meta=False),
+        ValueError, ("'reward_baselines'", "shape [2]", "[2, 1]")),
+    Bad("otb-without-sum-pi-squared", _recipe("optimal_token_baseline", good()), ValueError,
+        ("estimator 'optimal_token_baseline'", "no 'sum_pi_squared'")),
+    Bad("otb-sum-pi-squared-out-of-range", _recipe(
+        "optimal_token_baseline", good(sum_pi_squared=torch.full((2, 4), 2.0))), ValueError,
+        ("'sum_pi_squared'", "[0, 1]", "rows [0, 1]")),
+    Bad("rloo-kl-without-ref-logp", _recipe("rloo_kl", without("ref_logp")), ValueError,
+        ("'sequence_kl'", "no 'ref_logp'")),
+    Bad("passk-group-of-one", _recipe("grpo_passk", rows_batch(["pgg."], [1.0])), ValueError,
+        ("'passk_baseline'", "at least two responses", "groups [0]")),
+    Bad("all-rows-unscorable", call(with_key("rewards", torch.tensor([math.nan, math.nan])),
+                                    unscorable_rewards="exclude"), ValueError,
+        ("'rewards'", "every row is NaN")),
+    Bad("config-reward-clip-low-above-high", lambda: ActorConfig(reward_clip=[1.0, -1.0]),
+        ValueError, ("actor.reward_clip", "low < high", "[1.0, -1.0]")),
+    Bad("config-truncated-reward-both", lambda: ActorConfig(
+        truncated_reward={"scale": 0.5, "value": -1.0}), ValueError,
+        ("actor.truncated_reward", "exactly one of scale")),
+    Bad("config-unknown-recipe", lambda: ActorConfig(recipe="grpo2"), ValueError,
+        ("actor.recipe", "expected one of", "'grpo2'")),
+]
 
 
 def test_catalogue_has_at_least_forty_distinct_entries():

@@ -217,8 +217,9 @@ def test_one_registry_names_every_builtin():
     from lightning_adv.stages import SELECTORS, builtin_names, builtin_stage
     expected = {
         "compute": {"default"},
-        "outcome_reward_shaping": {"auto", "identity", "opo_baseline", "gpg"},
-        "estimator": {"auto", "token_gae", "turn_gae", "reinforce"},
+        "outcome_reward_shaping": {"auto", "identity", "opo_baseline", "gpg", "passk_baseline",
+                                   "group_mean_batch_std", "sequence_kl", "remax_baseline"},
+        "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline"},
         "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
     }
     for family, names in expected.items():

@@ -22,6 +22,9 @@ CONFIGS = {
                    "adv_norm": {"mean_level": "group", "std_level": "group"}},
     "gpg": RECIPES["gpg"],
     "reinforce_pp": RECIPES["reinforce_pp"],
+    # TRL's batch scaling: the std of the whole batch's rewards, summed over ranks.
+    "grpo_batch_std": RECIPES["grpo_batch_std"],
+    "rloo_kl": RECIPES["rloo_kl"],
     "split_rows_disagree": {"reward_norm": {"mean_level": "batch", "std_level": "batch"}},
     # Errors raised on one rank only, before and after the collectives.
     "dropped_reward_on_rank0": {"dropped_outcome_reward": "raise",

@@ -1,5 +1,6 @@
 """Named recipes of other frameworks: each formula checked on a small batch."""
 
+import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -10,7 +11,7 @@ import yaml
 
 from batches import rows_batch
 from lightning_adv import ActorConfig, AdvantageModule, concat_batch
-from lightning_adv.recipes import RECIPES, recipe
+from lightning_adv.recipes import RECIPES, RecipeOverrideWarning, recipe, recipe_fields
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "advantage"
 
@@ -54,9 +55,46 @@ def close(got, want):
 def test_yaml_files_match_the_recipes():
     names = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
     assert names == sorted(RECIPES)
+    every_field = {f.name for f in dataclasses.fields(ActorConfig)} - {"recipe"}
     for name in names:
-        assert yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()) == RECIPES[name], name
-        ActorConfig(**yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()))
+        loaded = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+        # Complete: a file under model.actor replaces the whole section, nothing merges in.
+        assert set(loaded) == every_field, name
+        assert loaded == recipe_fields(name), name
+        assert ActorConfig(**loaded) == recipe(name), name
+        for key, value in RECIPES[name].items():
+            if not isinstance(value, dict):
+                assert loaded[key] == value, (name, key)
+
+
+def test_recipe_by_name_takes_the_fields_left_at_their_defaults():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ActorConfig(recipe="rloo") == dataclasses.replace(recipe("rloo"), recipe="rloo")
+    with pytest.warns(RecipeOverrideWarning, match=r"actor.recipe 'reinforce_pp': the config "
+                      r"overrides the recipe's kl_ctl=0\.2 \(recipe: 0\.01\)"):
+        config = ActorConfig(recipe="reinforce_pp", kl_ctl=0.2, gae_lambda=1.0)
+    assert config.kl_ctl == 0.2 and config.adv_norm == recipe("reinforce_pp").adv_norm
+    # The stage tree counts stage by stage.
+    with pytest.warns(RecipeOverrideWarning, match="process_adv_shaping"):
+        config = ActorConfig(recipe="grpo", advantage={"process_adv_shaping": "gvpo"})
+    assert config.advantage.estimator.implementation == "token_gae"
+    assert config.advantage.process_adv_shaping.implementation == "gvpo"
+    # Idempotent: a resolved config (a checkpoint's hyper-parameters) rebuilds itself.
+    again = ActorConfig(**dataclasses.asdict(config))
+    assert again == config
+
+
+def test_recipe_by_name_with_a_full_replacement_drops_the_recipes_stages():
+    with pytest.warns(RecipeOverrideWarning, match="compute"):
+        config = ActorConfig(recipe="opo", advantage={"compute": "examples.full_replacement.grpo_advantages"})
+    assert config.advantage.outcome_reward_shaping is None
+    assert config.advantage.estimator is None
+
+
+def test_unknown_recipe_name_names_the_key():
+    with pytest.raises(ValueError, match="actor.recipe: expected one of 'grpo'"):
+        ActorConfig(recipe="grpo2")
 
 
 def test_yaml_files_are_generated_from_the_recipes(tmp_path, capsys):
@@ -158,7 +196,7 @@ def test_group_recipes_need_meta():
 
 
 def test_unknown_recipe():
-    with pytest.raises(ValueError, match="recipe: expected one of grpo"):
+    with pytest.raises(ValueError, match="recipe: expected one of 'grpo'"):
         recipe("ppo2")
 
 

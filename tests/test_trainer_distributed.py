@@ -1,29 +1,18 @@
 """The trainer under real DDP (two gloo processes launched by Lightning), and exact resume."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from test_cli import CONFIGS, SMALL, _plain_argv, fit, scalars  # noqa: F401 (autouse fixture)
+from trainer_helpers import ddp_fit
 
-REPO = Path(__file__).resolve().parents[1]
 RECORDER = "--model.advantage_module=trainer_helpers.RecordingAdvantageModule"
 
 
 def test_ddp_fit_syncs_metrics_over_ranks(tmp_path):
     record = tmp_path / "record"
     record.mkdir()
-    env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO),
-                                          os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(CONFIGS / "ppo.yaml"),
-           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
-           f"--trainer.logger.init_args.save_dir={tmp_path}", RECORDER, *SMALL]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = ddp_fit(CONFIGS / "ppo.yaml", tmp_path, record, *SMALL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = scalars(tmp_path / "ppo" / "version_0")
     for step in (0, 1):

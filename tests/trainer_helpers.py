@@ -1,6 +1,10 @@
 """Importable helpers for trainer tests: user functions named by dotted path in configs."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -84,7 +88,22 @@ class RecordingAdvantageModule(AdvantageModule):
         out = super().forward(batch, meta, prm=prm)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
+        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
         torch.save({k: out[k] for k in keep},
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
+
+
+def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m lightning_adv fit`` on two gloo processes (DDP on CPU), recording each
+    advantage call under ``record`` (``RecordingAdvantageModule``)."""
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
+           "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(config),
+           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
+           f"--trainer.logger.init_args.save_dir={save_dir}",
+           "--model.advantage_module=trainer_helpers.RecordingAdvantageModule", *args]
+    return subprocess.run(cmd, cwd=save_dir, env=env, capture_output=True, text=True, timeout=300)

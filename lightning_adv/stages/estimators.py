@@ -8,6 +8,7 @@ from lightning_adv.contracts import TemporalInputs, TemporalResult
 from lightning_adv.kernels import compute_token_gae, compute_turn_gae, turn_id_errors
 from lightning_adv.lambdas import compute_gae_lambda
 from lightning_adv.stages.registry import register_stage
+from lightning_adv.validators import positive_number
 
 
 def _with_process(rewards, inputs: TemporalInputs):
@@ -41,7 +42,7 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
-@register_stage("estimator")
+@register_stage("estimator", replaces_critic=True)
 def reinforce(inputs: TemporalInputs) -> TemporalResult:
     """REINFORCE return-to-go over generated tokens, without a critic.
 
@@ -58,3 +59,73 @@ def reinforce(inputs: TemporalInputs) -> TemporalResult:
                                       gae_lambda=1.0)
     return TemporalResult(advantages, advantages.clone(), rewards)
 
+
+
+def _checked_sum_pi_squared(inputs: TemporalInputs, where: str) -> torch.Tensor:
+    """The batch's ``sum_pi_squared`` ([B, T], next-token convention), checked."""
+    value = inputs.data.get("sum_pi_squared") if inputs.data is not None else None
+    if value is None:
+        raise ValueError(f"{where}: rollout batch has no 'sum_pi_squared' ([B, T], next-token "
+                         f"convention like ref_logp: the sum over the vocabulary of the squared "
+                         f"next-token probabilities at each position); the built-in trainer "
+                         f"computes it from its logits when this estimator is selected")
+    mask = inputs.loss_mask
+    key = f"{where}: rollout batch 'sum_pi_squared'"
+    if not isinstance(value, torch.Tensor) or value.shape != mask.shape:
+        raise ValueError(f"{key}: expected a tensor of shape {list(mask.shape)}, got "
+                         f"{list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+    if value.device != mask.device or not value.is_floating_point():
+        raise ValueError(f"{key}: expected a floating-point tensor on {mask.device}, got "
+                         f"{value.dtype} on {value.device}")
+    active = mask > 0
+    bad = active & ~((value >= 0) & (value <= 1 + 1e-6))  # NaN fails both comparisons
+    if bool(bad.any()):
+        raise ValueError(f"{key}: expected values in [0, 1] (a sum of squared probabilities) at "
+                         f"generated positions, got others in rows "
+                         f"{bad.any(dim=1).nonzero().flatten().tolist()[:10]}")
+    return torch.where(active, value, torch.zeros_like(value)).double()
+
+
+@register_stage("estimator", requires=("sum_pi_squared",), replaces_critic=True,
+                kwarg_checks={"eps": positive_number})
+def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> TemporalResult:
+    """Optimal token baseline: ``A_t = G_t - B_t`` with one baseline per response step of
+    each prompt group, ``B_t = sum_g(G_t W_t) / (sum_g W_t + eps)``.
+
+    ``G_t`` is the discounted return-to-go (KL, outcome and folded process rewards, as in
+    ``reinforce``); ``W_t = sum_{j<=t} (1 - 2 pi_j + sum_pi_squared_j)`` over the row's
+    generated positions, ``pi_j`` the old probability of the sampled token. Step t is
+    counted from each row's first generated token, so rows of one prompt line up however
+    their prompts are padded. A group of one row has baseline 0 (A = G). Values are not
+    used. Source: verl's ``optimal_token_baseline`` estimator (Optimal Token Baseline).
+    """
+    where = "estimator 'optimal_token_baseline'"
+    if inputs.meta is None:
+        raise ValueError(f"{where}: needs the prompt groups of meta; build the batch with "
+                         f"concat_batch or pass a BatchMeta")
+    if inputs.old_logprobs is None:
+        raise ValueError(f"{where}: TemporalInputs.old_logprobs is None (the pipeline passes the "
+                         f"aligned old log-probs)")
+    sum_pi_squared = _checked_sum_pi_squared(inputs, where)
+    mask = inputs.loss_mask.double()
+    rewards = _with_process(inputs.kl_rewards + inputs.outcome_rewards, inputs)
+    zeros = torch.zeros_like(rewards)
+    returns, _ = compute_token_gae(rewards, zeros, inputs.loss_mask, bootstrap_values=zeros[:, 0],
+                                   discount=inputs.discount, gae_lambda=1.0)
+    returns = returns.double() * mask
+    weights = ((1 - 2 * inputs.old_logprobs.double().exp() + sum_pi_squared) * mask).cumsum(dim=1)
+
+    bs, width = mask.shape
+    sizes = torch.tensor(inputs.meta.traj_group_sizes, device=mask.device)
+    row_group = torch.repeat_interleave(torch.arange(len(sizes), device=mask.device), sizes)
+    start = (mask > 0).double().argmax(dim=1, keepdim=True)  # each row's first generated step
+    step = (torch.arange(width, device=mask.device) - start).clamp(min=0)
+    cell = (row_group[:, None] * width + step).flatten()  # (group, step)
+    active = mask.flatten() > 0
+    numerator = torch.zeros(len(sizes) * width, dtype=torch.float64, device=mask.device)
+    numerator.index_add_(0, cell[active], (returns * weights).flatten()[active])
+    denominator = torch.zeros_like(numerator).index_add_(0, cell[active], weights.flatten()[active])
+    baseline = (numerator[cell] / (denominator[cell] + eps)).reshape(bs, width)
+    baseline = torch.where((sizes[row_group] > 1)[:, None], baseline, torch.zeros_like(baseline))
+    advantages = ((returns - baseline) * mask).float()
+    return TemporalResult(advantages, returns.float(), rewards)

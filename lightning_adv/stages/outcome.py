@@ -1,20 +1,25 @@
 """Outcome reward shaping: one reward per row, before scaling and normalization.
 
-Besides ``identity`` (the default), this family ships the group baselines of estimators
-that cannot be written as a ``NormConfig``: OPO's length-weighted baseline and GPG's
-corrected group baseline. Both need the prompt groups of ``meta`` (build the batch with
+Besides ``identity`` (the default), this family ships the baselines of estimators that
+cannot be written as a ``NormConfig``: OPO's length-weighted baseline, GPG's corrected
+group baseline, pass@k GRPO's best-of-group reward, a group mean over the batch std
+(TRL's batch scaling) and ReMax's greedy baseline, plus the per-sequence KL penalty of
+TRL's RLOO. The group ones need the prompt groups of ``meta`` (build the batch with
 ``concat_batch``).
 """
 
 from __future__ import annotations
+
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from lightning_adv.contracts import OutcomeResult, OutcomeRewardInputs
 from lightning_adv.distributed import all_reduce_sum
+from lightning_adv.meta import BatchMeta
 from lightning_adv.stages.registry import register_stage
-from lightning_adv.validators import check_bool, positive_number
+from lightning_adv.validators import check_bool, non_negative_number, positive_number
 
 
 @register_stage("outcome_reward_shaping")
@@ -32,11 +37,26 @@ def _prompt_groups(inputs: OutcomeRewardInputs, name: str) -> tuple[Tensor, int]
     return inputs.meta.index(rewards.device).traj_of_row, inputs.meta.n_trajs
 
 
+def check_row_tensor(where: str, x: Any, rewards: Tensor) -> None:
+    """An optional [B] float batch key: shape, device, dtype and finiteness."""
+    if not isinstance(x, Tensor) or tuple(x.shape) != tuple(rewards.shape):
+        raise ValueError(f"{where}: expected a tensor of shape {list(rewards.shape)} (one value "
+                         f"per row), got {list(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    if x.device != rewards.device:
+        raise ValueError(f"{where}: expected a tensor on {rewards.device}, got {x.device}")
+    if not x.is_floating_point():
+        raise ValueError(f"{where}: expected a floating-point tensor, got {x.dtype}")
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        raise ValueError(f"{where}: expected finite values, got NaN/Inf in rows "
+                         f"{bad.nonzero().flatten().tolist()[:10]}")
+
+
 def _group_sum(values: Tensor, groups: Tensor, n_groups: int) -> Tensor:
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
 
 
-@register_stage("outcome_reward_shaping")
+@register_stage("outcome_reward_shaping", replaces_critic=True)
 def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """OPO: ``r_i - b``, with the length-weighted group baseline ``b = sum(l_j r_j) / sum(l_j)``.
 
@@ -55,7 +75,7 @@ def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     return OutcomeResult(rewards=(r - baseline[groups]).float())
 
 
-@register_stage("outcome_reward_shaping",
+@register_stage("outcome_reward_shaping", replaces_critic=True,
                 kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float = 1e-5) -> OutcomeResult:
     """GPG: ``alpha * (r_i - mean_g(r)) / F``, ``alpha = B / (B - M)``.
@@ -83,3 +103,144 @@ def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float 
     alpha = torch.where(valid > 0, totals[0] / valid.clamp_min(1.0), torch.ones_like(valid))
     return OutcomeResult(rewards=(alpha * centred).float())
 
+
+
+def _group_counts(groups: Tensor, n_groups: int, like: Tensor) -> Tensor:
+    return _group_sum(torch.ones_like(like), groups, n_groups)
+
+
+@register_stage("outcome_reward_shaping", replaces_critic=True,
+                kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
+def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
+                   eps: float = 1e-6) -> OutcomeResult:
+    """Pass@k GRPO: in each prompt group only the best row gets a non-zero reward,
+    ``(r_max - r_second) / (std_g + eps)`` (``r_max - r_second`` without
+    ``std_normalize``; unbiased group std); every other row gets 0.
+
+    Of rows tied for the maximum, the first one is the best, and it gets 0 (``r_max =
+    r_second``). A group of one row has no second best: an error. Source: verl's
+    ``grpo_passk`` estimator (pass@k training; verl cites arXiv:2503.19595).
+    """
+    groups, n = _prompt_groups(inputs, "passk_baseline")
+    r = inputs.data["rewards"].double()
+    count = _group_counts(groups, n, r)
+    if bool((count < 2).any()):
+        single = (count < 2).nonzero().flatten().tolist()
+        raise ValueError(f"outcome_reward_shaping 'passk_baseline': pass@k needs at least two "
+                         f"responses per prompt group; groups {single[:10]} have one (sample "
+                         f"more responses per prompt, e.g. ppo.n_samples >= 2)")
+    rows = torch.arange(r.shape[0], device=r.device)
+    top = torch.full((n,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
+        0, groups, r, "amax")
+    # The best row: the first row of its group that reaches the maximum.
+    first_best = torch.full((n,), r.shape[0], device=r.device).scatter_reduce(
+        0, groups, torch.where(r == top[groups], rows, r.shape[0]), "amin")
+    best = rows == first_best[groups]
+    second = torch.full((n,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
+        0, groups, torch.where(best, -torch.inf, r), "amax")
+    gap = top - second
+    if std_normalize:
+        mean = _group_sum(r, groups, n) / count
+        var = _group_sum((r - mean[groups]) ** 2, groups, n) / (count - 1)
+        gap = gap / (var.sqrt() + eps)
+    return OutcomeResult(rewards=torch.where(best, gap[groups], 0.0).float())
+
+
+@register_stage("outcome_reward_shaping", replaces_critic=True,
+                kwarg_checks={"std_unbiased": check_bool, "eps": positive_number})
+def group_mean_batch_std(inputs: OutcomeRewardInputs, *, std_unbiased: bool = True,
+                         eps: float = 1e-4) -> OutcomeResult:
+    """``(r_i - mean_g r) / (std_batch r + eps)``: a group-mean baseline scaled by the
+    standard deviation of the raw rewards over the whole batch, around the batch mean
+    (TRL's ``scale_rewards="batch"``, which cites the PPO Lite paper, arXiv:2508.08221).
+    The batch sums are reduced
+    over the data-parallel group, so the std is global under DDP; a batch of one row
+    has std 1 (unbiased) like the pipeline's normalization.
+    """
+    groups, n = _prompt_groups(inputs, "group_mean_batch_std")
+    r = inputs.data["rewards"].double()
+    count = _group_counts(groups, n, r)
+    centred = r - (_group_sum(r, groups, n) / count)[groups]
+    total, squares, rows = all_reduce_sum(torch.stack([r.sum(), (r * r).sum(),
+                                                       torch.tensor(float(r.shape[0]),
+                                                                    dtype=r.dtype, device=r.device)]))
+    mean = total / rows
+    spread = (squares - rows * mean * mean).clamp_min(0.0)
+    dof = rows - 1 if std_unbiased else rows
+    std = torch.where(dof > 0, (spread / dof.clamp_min(1.0)).sqrt(), torch.ones_like(spread))
+    return OutcomeResult(rewards=(centred / (std + eps)).float())
+
+
+def _aligned_old_and_ref(inputs: OutcomeRewardInputs, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The next-token aligned loss mask, old log-probs and ``ref_logp`` of the batch
+    (old: the recomputed ``prox_logp`` where the pipeline uses it, as SPEC §3 step 5)."""
+    data, config = inputs.data, inputs.config
+    if data.get("ref_logp") is None:
+        raise ValueError(f"outcome_reward_shaping {name!r}: rollout batch has no 'ref_logp' (the "
+                         f"reference policy's log-probs, next-token convention); the sequence KL "
+                         f"penalty needs them")
+    mask = torch.roll(data["loss_mask"].float(), -1, dims=-1)
+    if config.recompute_logprob and not config.use_decoupled_loss \
+            and data.get("prox_logp") is not None:
+        old = data["prox_logp"].double()
+    else:
+        old = torch.roll(data["logprobs"].double(), -1, dims=-1)
+    return mask.double(), old * mask, data["ref_logp"].double() * mask
+
+
+def _per_rollout(per_row: Tensor, meta: Optional[BatchMeta]) -> tuple[Tensor, Tensor]:
+    """Each logical rollout's sum of ``per_row``, and each row's rollout index."""
+    if meta is None or meta.rollout_groups is None:
+        return per_row, torch.arange(per_row.shape[0], device=per_row.device)
+    counts = torch.tensor(meta.rollout_row_counts, device=per_row.device)
+    member = torch.repeat_interleave(torch.arange(len(counts), device=per_row.device), counts)
+    return _group_sum(per_row, member, len(counts)), member
+
+
+@register_stage("outcome_reward_shaping", requires=("ref_logp",),
+                kwarg_checks={"beta": non_negative_number})
+def sequence_kl(inputs: OutcomeRewardInputs, *, beta: float = 0.05) -> OutcomeResult:
+    """``r_i - beta * sum_t (logprobs_t - ref_logp_t)`` over the row's generated tokens: the
+    KL penalty of TRL's RLOO trainer (first-order log ratio, summed per sequence) folded
+    into the outcome reward, so a group baseline after it (RLOO's leave-one-out) sees the
+    penalized rewards and every token gets one advantage per sequence.
+
+    A logical rollout split over several rows is penalized by the KL of all its rows, on
+    every row; explicit reference rewards (``RolloutGroup.rewards``) are penalized by the
+    same sum (``normalization_rewards``). Use it with ``kl_ctl: 0``, or the KL counts twice.
+    """
+    rewards = inputs.data["rewards"]
+    mask, old, ref = _aligned_old_and_ref(inputs, "sequence_kl")
+    kl, member = _per_rollout(((old - ref) * mask).sum(dim=1), inputs.meta)
+    shaped = (rewards.double() - beta * kl[member]).float()
+    meta = inputs.meta
+    references = None
+    if meta is not None and meta.rollout_groups is not None and any(
+            r is not None for r in meta.explicit_reference_rewards):
+        counts = torch.tensor(meta.rollout_row_counts, device=rewards.device)
+        first = rewards[counts.cumsum(0) - counts]
+        given = torch.tensor([float("nan") if r is None else r
+                              for r in meta.explicit_reference_rewards],
+                             dtype=torch.float64, device=rewards.device)
+        base = torch.where(given.isnan(), first.double(), given)
+        references = (base - beta * kl).float()
+    return OutcomeResult(rewards=shaped, normalization_rewards=references)
+
+
+@register_stage("outcome_reward_shaping", requires=("reward_baselines",), replaces_critic=True)
+def remax_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
+    """ReMax: ``r_i - b_i``, ``b_i`` the reward of one greedy response to the row's prompt
+    (batch key ``reward_baselines``, [B]; the built-in trainer samples it with
+    ``ppo.greedy_baseline``). Source: Li et al., 2024, "ReMax: A Simple, Effective, and
+    Efficient Reinforcement Learning Method for Aligning Large Language Models"
+    (arXiv:2310.10505), as verl's ``remax`` estimator computes it.
+    """
+    rewards = inputs.data["rewards"]
+    baselines = inputs.data.get("reward_baselines")
+    where = "outcome_reward_shaping 'remax_baseline': rollout batch 'reward_baselines'"
+    if baselines is None:
+        raise ValueError(f"outcome_reward_shaping 'remax_baseline': rollout batch has no "
+                         f"'reward_baselines' (the reward of one greedy response per prompt, "
+                         f"[B]); the built-in trainer samples it with ppo.greedy_baseline: true")
+    check_row_tensor(where, baselines, rewards)
+    return OutcomeResult(rewards=(rewards.double() - baselines.double()).float())

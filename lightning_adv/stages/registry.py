@@ -9,6 +9,11 @@ given at registration (``kwarg_checks``, e.g. ``eps`` must be > 0)::
     def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float = 1e-5):
         ...
 
+A registration may also say which optional batch keys the stage reads (``requires``:
+a trainer computes them only when some stage asks, e.g. ``sum_pi_squared``) and whether
+the stage takes the place of a critic (``replaces_critic``: it subtracts its own
+baseline, or ignores ``values``), so a value head next to it is a misconfiguration.
+
 Each family also has one selector name that is not a function: ``default`` for
 ``compute`` (the staged pipeline) and ``auto`` for the stages (resolved by the module).
 """
@@ -42,15 +47,22 @@ class BuiltinStage:
     name: str
     fn: Callable[..., Any]
     kwarg_checks: Mapping[str, KwargCheck] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+    """optional batch keys the stage reads (and raises without)"""
+    replaces_critic: bool = False
+    """the stage subtracts its own baseline or ignores values: no critic is needed"""
 
 
 _REGISTRY: dict[str, dict[str, BuiltinStage]] = {family: {} for family in SELECTORS}
 
 
 def register_stage(family: str, name: str | None = None, *,
-                   kwarg_checks: Mapping[str, KwargCheck] | None = None):
+                   kwarg_checks: Mapping[str, KwargCheck] | None = None,
+                   requires: tuple[str, ...] = (), replaces_critic: bool = False):
     """Decorator: register ``fn`` as the built-in ``name`` (default ``fn.__name__``) of
-    ``family``. ``kwarg_checks`` maps a keyword argument to ``check(key, value)``."""
+    ``family``. ``kwarg_checks`` maps a keyword argument to ``check(key, value)``;
+    ``requires`` names the optional batch keys it reads; ``replaces_critic`` marks a stage
+    that needs no critic."""
     if family not in _REGISTRY:
         raise ValueError(f"register_stage: unknown stage family {family!r}; expected one of "
                          f"{', '.join(_REGISTRY)}")
@@ -65,7 +77,8 @@ def register_stage(family: str, name: str | None = None, *,
             raise ValueError(f"register_stage: {family} {stage_name!r} has checks for kwargs "
                              f"{unknown} that its signature does not take")
         _REGISTRY[family][stage_name] = BuiltinStage(family, stage_name, fn,
-                                                     dict(kwarg_checks or {}))
+                                                     dict(kwarg_checks or {}), tuple(requires),
+                                                     replaces_critic)
         return fn
     return decorate
 

@@ -44,7 +44,10 @@ from lightning_adv.kl_control import KLControllerConfig
 from lightning_adv.ppo_loss import KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS, PPOLoss
 from lightning_adv.meta import BatchMeta
 from lightning_adv.module import AdvantageModule
+from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
+from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
+from lightning_adv.trainer.recipe_inputs import check_greedy_baseline, greedy_rewards, sum_pi_squared
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
@@ -108,6 +111,12 @@ class PPOConfig:
     """bootstrap rows cut by the token limit from the critic's value after their last token
     (AReaL's behaviour; no loss ever trains that value); false: the limit ends the episode,
     so the value after its last token is 0"""
+    greedy_baseline: bool = False
+    """also sample one greedy response per prompt; its task reward is the batch key
+    reward_baselines (ReMax's baseline, recipe remax); it takes no part in the update"""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO dynamic sampling: {enabled, max_rounds}: keep only prompt groups whose rewards
+    differ, sampling more prompts (up to max_rounds rounds) until the step is full"""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
@@ -129,6 +138,14 @@ class PPOConfig:
             if self.dual_clip == 1.0:
                 fail("ppo.dual_clip", "a number > 1 or null", self.dual_clip)
         check_bool("ppo.bootstrap_truncated", self.bootstrap_truncated)
+        check_bool("ppo.greedy_baseline", self.greedy_baseline)
+        convert_field(self, "dynamic_sampling", nested_config(
+            DynamicSamplingConfig, "ppo.dynamic_sampling", self.dynamic_sampling))
+        if not isinstance(self.dynamic_sampling, DynamicSamplingConfig):
+            fail("ppo.dynamic_sampling", "{enabled: true|false, max_rounds: N}", self.dynamic_sampling)
+        if self.dynamic_sampling.enabled and self.n_samples < 2:
+            fail("ppo.dynamic_sampling.enabled", "false with ppo.n_samples < 2 (a group of one "
+                 "response never has differing rewards)", True)
         check_bool("ppo.kv_cache", self.kv_cache)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
@@ -228,6 +245,7 @@ class PPOModule(pl.LightningModule):
         self.prm_config = _as(PRMConfig, prm, "prm")
         self.kl_controller_config = _as(KLControllerConfig, kl_controller, "kl_controller")
         check_trainer_options(self.actor_config, self.prm_config, self.kl_controller_config)
+        warn_unused_critic(self.actor_config, self.policy_config)
         self.save_hyperparameters({
             "actor": dataclasses.asdict(self.actor_config),
             "policy": dataclasses.asdict(self.policy_config),
@@ -250,12 +268,16 @@ class PPOModule(pl.LightningModule):
             self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
                                             banned_tokens=(vocab.pad_id, vocab.bos_id))
         self.critic = self.policy_config.value_head
+        self.advantage = build_advantage_module(advantage_module, self.actor_config)
+        self.recipe_inputs = self.advantage.required_batch_keys
+        """optional batch keys the advantage stages read (sum_pi_squared, reward_baselines, ...)"""
+        check_greedy_baseline(self.recipe_inputs, self.ppo_config.greedy_baseline)
         self.ref_policy: Optional[CausalTransformer] = None
-        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0:
+        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0 \
+                or "ref_logp" in self.recipe_inputs:
             self.ref_policy = copy.deepcopy(self.policy)
             self.ref_policy.value_head = None
             self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
-        self.advantage = build_advantage_module(advantage_module, self.actor_config)
         self.scorers = [(f"prm.scorers[{i}] {s.path!r}",
                          resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
                          float(s.weight), dict(s.kwargs))
@@ -316,8 +338,14 @@ class PPOModule(pl.LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> None:
         step, rank = self.rollout_step, self.global_rank
         try:
-            groups = self.rollout(batch.tolist(), generator(self.seed, "rollout", step, rank))
-            rollout, meta = self.make_batch(groups)
+            groups, sampled = self.sample_groups(batch.tolist(), step, rank)
+            baselines = None
+            if self.ppo_config.greedy_baseline:
+                baselines = greedy_rewards(self.policy, self.runtime, [g[0].index for g in groups],
+                                           self.max_new_tokens, self.ppo_config.kv_cache)
+                self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
+                         on_epoch=False, batch_size=len(baselines), sync_dist=True)
+            rollout, meta = self.make_batch(groups, baselines)
         except Exception:
             # A task function failing on this rank only: the other ranks are about to wait
             # in the advantage module's collectives; let them fail too.
@@ -326,11 +354,40 @@ class PPOModule(pl.LightningModule):
         self._apply_kl_coef()
         out = self.advantage(rollout, meta, prm=self.prm_shaping)
         self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
-        self.log_step(rollout, out, meta, groups)
+        self.log_step(rollout, out, meta, groups, sampled)
         self._update_kl_controller(out)
         self.rollout_step += 1
         if self._loader is not None:
             self._loader.step_done(self.current_epoch)
+
+    def sample_groups(self, indices: list[int], step: int,
+                      rank: int) -> tuple[list[list[Any]], list[list[Any]]]:
+        """The step's prompt groups to train on, and the groups of its first round (the
+        loader's prompts, an unbiased sample for the reward metrics); with
+        ``ppo.dynamic_sampling`` only groups whose rewards differ are kept."""
+        gen = generator(self.seed, "rollout", step, rank)
+        dynamic = self.ppo_config.dynamic_sampling
+        if not dynamic.enabled:
+            groups = self.rollout(indices, gen)
+            return groups, groups
+        prompts = generator(self.seed, "dynamic_sampling", step, rank)
+        pool = self.task_config.num_prompts
+
+        def draw(n: int) -> list[int]:
+            return torch.randint(pool, (n,), generator=prompts).tolist()
+
+        result = sample_with_signal(indices, lambda idx: self.rollout(idx, gen), draw,
+                                    dynamic.max_rounds)
+        if result.short:
+            warnings.warn(f"ppo.dynamic_sampling: after {result.rounds} rounds (max_rounds) only "
+                          f"{len(result.groups) - len(result.topped_up)} of {len(indices)} prompt "
+                          f"groups have differing rewards; training step {step} on them and "
+                          f"{len(result.topped_up)} groups of equal rewards", UserWarning,
+                          stacklevel=2)
+        self.log_dict({"train/dynamic_filtered_fraction": result.filtered_fraction,
+                       "train/dynamic_rounds": float(result.rounds)}, on_step=True,
+                      on_epoch=False, batch_size=len(indices), sync_dist=True)
+        return result.groups, result.first_round
 
     @torch.no_grad()
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
@@ -344,8 +401,10 @@ class PPOModule(pl.LightningModule):
         return groups
 
     @torch.no_grad()
-    def make_batch(self, groups: list[list[Any]]) -> tuple[dict[str, Any], BatchMeta]:
-        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes."""
+    def make_batch(self, groups: list[list[Any]],
+                   reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
+        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes,
+        and the optional keys the advantage stages read (``recipe_inputs``)."""
         batch, meta = build_batch(groups, multi_turn=self.runtime.task.max_turns > 1,
                                   process_rewards=bool(self.scorers))
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -353,6 +412,7 @@ class PPOModule(pl.LightningModule):
         next_real = torch.nn.functional.pad(attention[:, 1:], (0, 1))  # token t+1 exists
         temperature = self.ppo_config.temperature
         sampled_values = batch.pop("values", None)
+        logits = None
         if self.critic or self.actor_config.recompute_logprob:
             if self.actor_config.recompute_logprob or sampled_values is None:
                 logits, values = self.policy(ids)
@@ -371,6 +431,14 @@ class PPOModule(pl.LightningModule):
         if self.ref_policy is not None:
             ref_logits, _ = self.ref_policy(ids)
             batch["ref_logp"] = next_token_logprobs(ref_logits, ids, temperature) * next_real
+        if "sum_pi_squared" in self.recipe_inputs:
+            if logits is None:
+                logits, _ = self.policy(ids)
+            batch["sum_pi_squared"] = sum_pi_squared(logits, temperature) * next_real
+        if reward_baselines is not None:
+            sizes = torch.tensor(meta.traj_group_sizes, device=self.device)
+            batch["reward_baselines"] = torch.repeat_interleave(
+                torch.tensor(reward_baselines, dtype=torch.float32, device=self.device), sizes)
         return batch, meta
 
     def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
@@ -411,12 +479,15 @@ class PPOModule(pl.LightningModule):
 
     @torch.no_grad()
     def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,
-                 groups: list[list[Any]]) -> None:
+                 groups: list[list[Any]], sampled: Optional[list[list[Any]]] = None) -> None:
+        """``sampled``: the groups whose rewards ``train/task_reward`` reports (default
+        ``groups``; under dynamic sampling the first round's, unfiltered)."""
         m = out["loss_mask"]
         metrics = self.metrics
         episodes = [ep for group in groups for ep in group]
         task_rewards = torch.tensor([ep.reward for ep in episodes], device=m.device)
-        metrics.update("task_reward", task_rewards)
+        reported = [ep.reward for group in (sampled or groups) for ep in group]
+        metrics.update("task_reward", torch.tensor(reported, device=m.device))
         metrics.update("rlhf_reward", rlhf_rewards(task_rewards, out))
         metrics.update("response_length", batch["loss_mask"].sum(1).float())
         metrics.update("truncated", batch["is_truncated"].float())
@@ -463,6 +534,16 @@ class PPOModule(pl.LightningModule):
         experiment = getattr(logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
+
+
+def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
+    """A critic-free recipe with a value head: GAE would subtract the critic's values on top
+    of the recipe's own baseline (or train a critic nobody reads)."""
+    reason = critic_free_reason(actor)
+    if policy.value_head and reason is not None:
+        warnings.warn(f"policy.value_head: true, but {reason}; the critic's values are subtracted "
+                      f"as a second baseline or trained for nothing. Set model.policy.value_head: "
+                      f"false for a critic-free recipe", UserWarning, stacklevel=3)
 
 
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
@@ -534,4 +615,5 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")
     path = values.get("advantage_module") or "lightning_adv.AdvantageModule"
-    build_advantage_module(path, actor)
+    module = build_advantage_module(path, actor)
+    check_greedy_baseline(module.required_batch_keys, ppo.greedy_baseline)

@@ -54,8 +54,10 @@ class Episode:
 @torch.no_grad()
 def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
              n_samples: int, max_new_tokens: int, temperature: float,
-             gen: torch.Generator, kv_cache: bool = True) -> list[list[Episode]]:
+             gen: torch.Generator, kv_cache: bool = True,
+             greedy: bool = False) -> list[list[Episode]]:
     """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
+    ``greedy`` takes the most likely token at every step instead (``gen`` is not used).
 
     With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
     decoding); without it, each step re-reads every row's whole prefix. Both sample the
@@ -88,7 +90,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         else:
             last = reader.read_active(buffer, rows, lengths)
         logp = finite_or_raise(scaled_log_softmax(last, temperature), "policy logits").cpu()
-        picked = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+        picked = (logp.argmax(dim=-1) if greedy
+                  else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
         picked_ids = picked.tolist()
         buffer[rows, lengths] = picked.to(device)

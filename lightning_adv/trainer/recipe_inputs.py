@@ -1,0 +1,55 @@
+"""Batch keys some recipes read that the built-in trainer computes only when asked
+(``AdvantageModule.required_batch_keys``, from the stages' ``register_stage(requires=...)``):
+
+- ``sum_pi_squared`` (``optimal_token_baseline``): the sum over the vocabulary of the
+  squared next-token probabilities at each position, from the behaviour policy's logits
+  at the sampling temperature, next-token convention like ``ref_logp``;
+- ``reward_baselines`` (``remax_baseline``): the task reward of one greedy response per
+  prompt (``ppo.greedy_baseline: true``); the greedy responses take no part in the
+  update;
+- ``ref_logp`` (``sequence_kl``): the frozen reference policy is loaded for it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lightning_adv.trainer.sampling import generate, score
+from lightning_adv.trainer.tasks import TaskRuntime
+
+
+def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
+    """[B, T]: ``sum_v softmax(logits_t / temperature)_v ** 2`` (position t predicts token
+    t+1; the caller masks positions without a next token)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return (probs * probs).sum(dim=-1)
+
+
+@torch.no_grad()
+def greedy_rewards(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
+                   max_new_tokens: int, kv_cache: bool) -> list[float]:
+    """The task reward of one greedy (argmax) response to each prompt index."""
+    was_training = policy.training
+    policy.eval()
+    groups = generate(policy, runtime, indices, 1, max_new_tokens, 1.0,
+                      torch.Generator(), kv_cache=kv_cache, greedy=True)
+    policy.train(was_training)
+    score(groups, runtime)
+    return [group[0].reward for group in groups]
+
+
+def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:
+    """``ppo.greedy_baseline`` must be on exactly when a stage reads ``reward_baselines``
+    (off: an error naming the key; on for nothing: a warning, it costs a rollout)."""
+    if "reward_baselines" in needs and not greedy_baseline:
+        raise ValueError("ppo.greedy_baseline: the advantage stages read the batch key "
+                         "'reward_baselines' (one greedy response's reward per prompt, ReMax's "
+                         "baseline); set ppo.greedy_baseline: true")
+    if greedy_baseline and "reward_baselines" not in needs:
+        warnings.warn("ppo.greedy_baseline: true, but no advantage stage reads "
+                      "'reward_baselines'; the greedy responses are sampled for nothing",
+                      UserWarning, stacklevel=3)
