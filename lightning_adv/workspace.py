@@ -41,16 +41,24 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class _Buffer:
-    __slots__ = ("flat", "storage", "free_count")
+    __slots__ = ("flat", "storage", "typed", "base_count")
 
     def __init__(self, nbytes: int):
-        self.flat = torch.empty(nbytes, dtype=torch.uint8)
+        self.flat = torch.empty(-(-nbytes // 8) * 8, dtype=torch.uint8)  # any dtype divides it
         self.storage = self.flat.untyped_storage()
-        # The references of the pool itself (the flat tensor and the storage object).
-        self.free_count = _use_count(self.storage._cdata)
+        self.typed: dict[torch.dtype, Tensor] = {}
+        # The references of the pool itself (the flat tensor and the storage object); each
+        # cached typed view adds one.
+        self.base_count = _use_count(self.storage._cdata)
 
     def is_free(self) -> bool:
-        return _use_count(self.storage._cdata) == self.free_count
+        return _use_count(self.storage._cdata) == self.base_count + len(self.typed)
+
+    def view(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        typed = self.typed.get(dtype)
+        if typed is None:
+            typed = self.typed[dtype] = self.flat.view(dtype)
+        return typed.as_strided(shape, strides)
 
 
 class Workspace:
@@ -69,24 +77,22 @@ class Workspace:
             strides.append(numel)
             numel *= int(size)
         nbytes = max(numel, 1) * dtype.itemsize
-        chosen = None
+        chosen, replace = None, None
         for i, buffer in enumerate(self._pool):
             if buffer.is_free():
-                if buffer.flat.numel() >= nbytes:
-                    if chosen is None or isinstance(chosen, int) or \
-                            buffer.flat.numel() < chosen.flat.numel():
+                size = buffer.flat.numel()
+                if size >= nbytes:
+                    if chosen is None or size < chosen.flat.numel():
                         chosen = buffer  # the smallest free buffer that fits
-                elif chosen is None:
-                    chosen = i  # a free buffer too small: replace it rather than add one
-        if not isinstance(chosen, _Buffer):
-            buffer = _Buffer(nbytes)
-            if chosen is None:
-                self._pool.append(buffer)
+                elif replace is None:
+                    replace = i  # a free buffer too small: replace it rather than add one
+        if chosen is None:
+            chosen = _Buffer(nbytes)
+            if replace is None:
+                self._pool.append(chosen)
             else:
-                self._pool[chosen] = buffer
-            chosen = buffer
-        typed = chosen.flat[:nbytes].view(dtype)
-        return typed.as_strided(tuple(shape), tuple(reversed(strides)))
+                self._pool[replace] = chosen
+        return chosen.view(tuple(shape), tuple(reversed(strides)), dtype)
 
     @property
     def nbytes(self) -> int:
