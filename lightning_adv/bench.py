@@ -8,6 +8,7 @@ import os
 import platform
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -231,6 +232,51 @@ def bench_size(bs: int, width: int, device: torch.device, repeats: int,
         by_threads[count] = {case.name: case for case in cases}
     run_cases([c for cases in by_threads.values() for c in cases.values()], repeats, device)
     return by_threads
+
+
+SCALING_ROWS = 16
+SCALING_WIDTHS = (2048, 4096, 8192, 16384, 32768)
+#: Target: at most this factor per doubling of T (linear time, some cache effects).
+PER_DOUBLING = 2.3
+
+
+def bench_scaling(device: torch.device, repeats: int,
+                  widths: Optional[Sequence[int]] = None) -> dict[int, dict[str, Case]]:
+    """The token kernel at B = 16 and growing T, interleaved: ``{T: {name: case}}``."""
+    by_width: dict[int, dict[str, Case]] = {}
+    for width in SCALING_WIDTHS if widths is None else widths:
+        x = realistic_inputs(SCALING_ROWS, width, device)
+        args = (x.rewards, x.values, x.loss_mask)
+
+        def token(lam, args=args, x=x):
+            return lambda: compute_token_gae(*args, bootstrap_values=x.bootstrap, discount=1.0,
+                                             gae_lambda=lam)
+        cases = [Case("clone_token", lambda args=args: [t.clone() for t in args]),
+                 Case("token_fast_1", token(1.0)), Case("token_fast_095", token(0.95)),
+                 Case("token_reused_1", _with_workspace(token(1.0))),
+                 Case("token_reused_095", _with_workspace(token(0.95)))]
+        by_width[width] = {case.name: case for case in cases}
+    run_cases([c for cases in by_width.values() for c in cases.values()], repeats, device)
+    return by_width
+
+
+def scaling_report(by_width: dict[int, dict[str, Case]]) -> str:
+    names = ["clone_token", "token_fast_1", "token_fast_095", "token_reused_1", "token_reused_095"]
+    lines = [f"### Kernel time against T (B = {SCALING_ROWS}): time and ratio to the previous T "
+             f"(target ≤{PER_DOUBLING}× per doubling)\n"]
+    rows, previous = [], None
+    for width, cases in by_width.items():
+        cells = [str(width)]
+        for name in names:
+            cell = _fmt_time(cases[name].median)
+            if previous is not None:
+                ratio = cases[name].median / previous[name].median
+                mark = "" if name == "clone_token" else (" ✓" if ratio <= PER_DOUBLING else " ✗")
+                cell += f" ({ratio:.2f}×{mark})"
+            cells.append(cell)
+        rows.append(cells)
+        previous = cases
+    return "\n".join(lines + _table(["T"] + names, rows) + [""])
 
 
 def kernel_case(config: ActorConfig) -> str:
@@ -536,18 +582,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tune-malloc", action="store_true",
                         help="keep freed memory in the process (glibc mallopt), so large "
                              "temporaries are not page-faulted in on every call")
+    parser.add_argument("--no-scaling", dest="scaling", action="store_false",
+                        help=f"skip the kernel-against-T series (B = {SCALING_ROWS}, T = "
+                             f"{SCALING_WIDTHS[0]}..{SCALING_WIDTHS[-1]}, first thread count)")
     parser.add_argument("--trainer", action="store_true",
                         help="benchmark the trainer's step instead (python -m "
-                             "lightning_adv.bench_trainer; the arguments after --trainer go "
-                             "to it, e.g. --trainer --steps 20)")
-    args, rest = parser.parse_known_args(argv)
-    if args.trainer:
+                             "lightning_adv.bench_trainer; the other arguments go to it, e.g. "
+                             "--trainer --steps 20 --threads 1 2)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--trainer" in argv:  # the rest of the arguments are the trainer benchmark's
         from lightning_adv import bench_trainer
 
-        bench_trainer.main(rest)
+        bench_trainer.main([a for a in argv if a != "--trainer"])
         return
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if any(t < 1 for t in args.threads):
@@ -577,8 +625,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             x = realistic_inputs(bs, width, device)
             peaks[key] = {name: module_peak_tensors(AdvantageModule(config), x)
                           for name, config in configs.items()}
+    scaling = None
+    if args.scaling:
+        torch.set_num_threads(args.threads[0])
+        print(f"cpu scaling B={SCALING_ROWS} ...", flush=True)
+        scaling = bench_scaling(torch.device("cpu"), args.repeats)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}\n")
     print(report(results, peaks, configs))
+    if scaling is not None:
+        print(scaling_report(scaling))
     if args.profile_module:
         torch.set_num_threads(args.threads[0])
         bs, width = max(args.sizes, key=lambda size: size[0] * size[1])

@@ -41,23 +41,22 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class _Buffer:
-    __slots__ = ("flat", "storage", "typed", "base_count")
+    __slots__ = ("flat", "size", "storage", "typed", "free_count")
 
     def __init__(self, nbytes: int):
-        self.flat = torch.empty(-(-nbytes // 8) * 8, dtype=torch.uint8)  # any dtype divides it
+        self.size = -(-nbytes // 8) * 8  # any dtype's itemsize divides it
+        self.flat = torch.empty(self.size, dtype=torch.uint8)
         self.storage = self.flat.untyped_storage()
         self.typed: dict[torch.dtype, Tensor] = {}
-        # The references of the pool itself (the flat tensor and the storage object); each
-        # cached typed view adds one.
-        self.base_count = _use_count(self.storage._cdata)
-
-    def is_free(self) -> bool:
-        return _use_count(self.storage._cdata) == self.base_count + len(self.typed)
+        # The references of the pool itself: the flat tensor, the storage object and each
+        # cached typed view.
+        self.free_count = _use_count(self.storage._cdata)
 
     def view(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         typed = self.typed.get(dtype)
         if typed is None:
             typed = self.typed[dtype] = self.flat.view(dtype)
+            self.free_count += 1
         return typed.as_strided(shape, strides)
 
 
@@ -67,37 +66,35 @@ class Workspace:
     temporary of any dtype, so the pool holds the most bytes alive at once."""
 
     def __init__(self) -> None:
-        self._pool: list[_Buffer] = []
+        self._pool: list[_Buffer] = []  # smallest first
 
     def take(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
         """An uninitialized contiguous CPU tensor of ``shape`` whose memory nothing else
-        references."""
-        numel, strides = 1, []
-        for size in reversed(shape):
-            strides.append(numel)
-            numel *= int(size)
-        nbytes = max(numel, 1) * dtype.itemsize
-        chosen, replace = None, None
+        references: the smallest free buffer that fits, else a new one (replacing a free
+        buffer that is too small, so the pool does not grow past what is alive at once)."""
+        shape = tuple(shape)
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 1, 0, -1):
+            strides[i - 1] = strides[i] * shape[i]
+        nbytes = max(strides[0] * shape[0] if shape else 1, 1) * dtype.itemsize
+        too_small = None
         for i, buffer in enumerate(self._pool):
-            if buffer.is_free():
-                size = buffer.flat.numel()
-                if size >= nbytes:
-                    if chosen is None or size < chosen.flat.numel():
-                        chosen = buffer  # the smallest free buffer that fits
-                elif replace is None:
-                    replace = i  # a free buffer too small: replace it rather than add one
-        if chosen is None:
-            chosen = _Buffer(nbytes)
-            if replace is None:
-                self._pool.append(chosen)
-            else:
-                self._pool[replace] = chosen
-        return chosen.view(tuple(shape), tuple(reversed(strides)), dtype)
+            if _use_count(buffer.storage._cdata) == buffer.free_count:
+                if buffer.size >= nbytes:
+                    return buffer.view(shape, tuple(strides), dtype)
+                if too_small is None:
+                    too_small = i
+        if too_small is not None:
+            del self._pool[too_small]
+        buffer = _Buffer(nbytes)
+        self._pool.append(buffer)
+        self._pool.sort(key=lambda b: b.size)
+        return buffer.view(shape, tuple(strides), dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes held."""
-        return sum(b.flat.numel() for b in self._pool)
+        return sum(b.size for b in self._pool)
 
     def release(self) -> None:
         """Free every buffer (the next call allocates again)."""

@@ -12,9 +12,11 @@ from lightning_adv import bench
 from lightning_adv.openmp import MARKER
 
 
-def test_bench_prints_times_ratios_threads_and_memory(capsys):
+def test_bench_prints_times_ratios_threads_and_memory(capsys, monkeypatch):
+    monkeypatch.setattr(bench, "SCALING_WIDTHS", (16, 32))
     bench.main(["--sizes", "8x32,3x16", "--repeats", "1", "--device", "cpu", "--threads", "1", "2"])
     out = capsys.readouterr().out
+    assert "Kernel time against T" in out and "| 32 |" in out
     assert "| 8×32 |" in out and "| 3×16 |" in out
     assert "token loop ÷ fast" in out and "÷ bare kernel" in out and "÷ reused kernel" in out
     assert "### cpu, 1 thread" in out and "### cpu, 2 threads" in out
