@@ -141,7 +141,6 @@ class BatchMeta:
             refs.extend(group.rewards if group is not None else [None] * rows)
         return refs
 
-
     def index(self, device: torch.device) -> "MetaIndex":
         """The grouping as index tensors on ``device`` (read-only), built once per
         grouping: a second call with unchanged ``traj_group_sizes`` and ``rollout_groups``
