@@ -51,6 +51,8 @@ class LightningAdvCLI(LightningCLI):
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
         try:
             validate_model_config(values)
+        except TaskError:
+            raise  # what a task function returned (a prompt built early): exit 1, as in training
         except (ValueError, TypeError) as exc:
             self.parser.error(f"model.{exc}")
 
@@ -61,6 +63,8 @@ def main(args: ArgsType = None) -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     # The post-update state is what a checkpoint of a finished PPO step should hold.
     warnings.filterwarnings("ignore", ".*Using ModelCheckpoint with manual optimization.*")
+    # A Hugging Face policy's frozen reference stays in eval mode on purpose.
+    warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_kwargs={"overwrite": True},

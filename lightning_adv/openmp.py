@@ -10,7 +10,8 @@ libgomp reads ``OMP_WAIT_POLICY`` once, when torch loads it, so it must be in th
 environment before the first ``import torch``. ``lightning_adv/__init__.py`` calls
 :func:`prefer_passive_wait` first thing: when the running program is one of this
 package's (``python -m lightning_adv``, ``python -m lightning_adv.bench``,
-``python -m lightning_adv.bench_trainer``, the ``lightning-adv`` script) and torch is not
+``python -m lightning_adv.bench_trainer``, ``.bench_hf``, ``.hf``, the ``lightning-adv``
+script) and torch is not
 loaded yet, it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the variable is already set.
 Importing the library from your own program changes nothing. Opt out by setting the
 variable yourself (``OMP_WAIT_POLICY=ACTIVE python -m lightning_adv ...``).
@@ -22,7 +23,7 @@ import os
 import sys
 
 PROGRAMS = ("lightning_adv", "lightning_adv.bench", "lightning_adv.bench_trainer",
-            "lightning_adv.__main__")
+            "lightning_adv.bench_hf", "lightning_adv.hf", "lightning_adv.__main__")
 SCRIPTS = ("lightning-adv",)
 #: Set (to the value chosen) when :func:`prefer_passive_wait` set ``OMP_WAIT_POLICY``.
 MARKER = "LIGHTNING_ADV_SET_OMP_WAIT_POLICY"

@@ -5,7 +5,9 @@
 
 For each config, runs ``python -m lightning_adv fit --config configs/<name>.yaml`` as the
 README's first command does (one at a time, logs under a temporary directory), timing the
-whole command; then reads the runs' TensorBoard events with ``scripts/reward_curve.py``
+whole command (the Hugging Face configs, ``hf_*``, train the tiny model that
+``python -m lightning_adv.hf make-tiny`` writes, made once in the temporary directory
+first); then reads the runs' TensorBoard events with ``scripts/reward_curve.py``
 for the table and the curves. With ``--install`` it first times the README's install step
 alone (a fresh virtual environment, ``pip install -c constraints.txt -e .``; pip's cache
 is used as a new user's machine would not have it, so treat that time as a lower bound).
@@ -45,7 +47,16 @@ def time_install(workdir: Path) -> float:
         cwd=ROOT)
 
 
+def make_tiny_model(workdir: Path) -> Path:
+    out = workdir / "tiny_lm"
+    subprocess.run([sys.executable, "-m", "lightning_adv.hf", "make-tiny", "--out", str(out)],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return out
+
+
 def run_config(name: str, save_dir: Path, overrides: list[str]) -> tuple[float, Path]:
+    if name.startswith("hf_"):
+        overrides = [f"--model.policy.pretrained={make_tiny_model(save_dir.parent)}", *overrides]
     seconds = timed([sys.executable, "-m", "lightning_adv", "fit", "--config",
                      f"configs/{name}.yaml", f"--trainer.logger.init_args.save_dir={save_dir}",
                      "--trainer.enable_progress_bar=false", *overrides], cwd=ROOT,

@@ -71,8 +71,9 @@ def table(runs: list[Run], window: int) -> str:
     for run in runs:
         start0, start, end = run.rewards[0], run.start(window), run.end(window)
         minutes, seconds = divmod(round(run.seconds), 60)
+        ratio = f"{end / start:.1f}x" if start else "-"  # a start of 0 has no ratio
         lines.append(f"| {run.label} | {start0:.3f} | {start:.3f} | {end:.3f} | "
-                     f"{end / start:.1f}x (+{end - start:.2f}) | {len(run.steps)} | "
+                     f"{ratio} (+{end - start:.2f}) | {len(run.steps)} | "
                      f"{minutes}m {seconds:02d}s |")
     return "\n".join(lines) + "\n"
 

@@ -82,22 +82,26 @@ class RecordingAdvantageModule(AdvantageModule):
         super().__init__(config)
         self.calls = 0
 
+    def record(self, batch, meta, out):
+        keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
+        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
+        return {k: out[k] for k in keep}
+
     def forward(self, batch, meta=None, *, prm=None):
         import os
         import torch.distributed as dist
         out = super().forward(batch, meta, prm=prm)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
-        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
-        torch.save({k: out[k] for k in keep},
+        torch.save(self.record(batch, meta, out),
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
         self.calls += 1
         return out
 
 
-def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str) -> subprocess.CompletedProcess:
+def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str,
+            recorder: str = "RecordingAdvantageModule") -> subprocess.CompletedProcess:
     """``python -m lightning_adv fit`` on two gloo processes (DDP on CPU), recording each
-    advantage call under ``record`` (``RecordingAdvantageModule``)."""
+    advantage call under ``record`` (``recorder``, a class of this module)."""
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "LIGHTNING_ADV_RECORD": str(record),
            "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent),
@@ -105,5 +109,16 @@ def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str) -> subproces
     cmd = [sys.executable, "-m", "lightning_adv", "fit", "--config", str(config),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
            f"--trainer.logger.init_args.save_dir={save_dir}",
-           "--model.advantage_module=trainer_helpers.RecordingAdvantageModule", *args]
-    return subprocess.run(cmd, cwd=save_dir, env=env, capture_output=True, text=True, timeout=300)
+           f"--model.advantage_module=trainer_helpers.{recorder}", *args]
+    return subprocess.run(cmd, cwd=save_dir, env=env, capture_output=True, text=True, timeout=600)
+
+
+class BatchRecordingAdvantageModule(RecordingAdvantageModule):
+    """Records each call's input batch (one dict per prompt, as ``split_batch`` returns it)
+    and its advantages."""
+
+    def record(self, batch, meta, out):
+        from lightning_adv.meta import split_batch
+
+        return {"inputs": split_batch({k: v.cpu() for k, v in batch.items()}, meta),
+                "advantages": out["advantages"].cpu(), "loss_mask": out["loss_mask"].cpu()}

@@ -69,6 +69,11 @@ class PPOConfig:
     """token limit of one policy turn (null: the task's default)"""
     temperature: float = 1.0
     """sampling temperature; log-probs in the loss use the same temperature"""
+    top_k: int = 0
+    """sample from the k most likely tokens only (0: all; a Hugging Face policy only)"""
+    top_p: float = 1.0
+    """sample from the smallest set of tokens whose probability reaches top_p (1.0: all; a
+    Hugging Face policy only). Log-probs in the loss are those of the full distribution"""
     epochs: int = 2
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
@@ -123,6 +128,8 @@ class PPOConfig:
             check_int(f"ppo.{name}", getattr(self, name))
         if self.max_new_tokens is not None:
             check_int("ppo.max_new_tokens", self.max_new_tokens)
+        check_int("ppo.top_k", self.top_k, minimum=0)
+        check_number("ppo.top_p", self.top_p, positive=True, maximum=1.0)
         for name in ("temperature", "clip_eps", "lr"):
             check_number(f"ppo.{name}", getattr(self, name), positive=True)
         for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
@@ -255,29 +262,19 @@ class PPOModule(pl.LightningModule):
             "advantage_module": advantage_module, "seed": seed,
             "kl_controller": dataclasses.asdict(self.kl_controller_config)})
 
-        self.runtime = TaskRuntime(self.task_config)
-        self.max_new_tokens, max_len = sequence_budget(self.runtime, self.ppo_config,
-                                                       self.policy_config)
+        hf = check_hf_options(self.policy_config, self.ppo_config, self.task_config)
+        self.runtime, self.max_new_tokens, max_len = task_runtime(
+            self.task_config, self.ppo_config, self.policy_config, hf)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
-        vocab = self.runtime.vocab
         self._seed = seed
-        # The initial weights come from the run's seed too, not from whatever the global RNG
-        # holds: the same seed gives the same policy, whatever ran before.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "init"))
-            self.policy = CausalTransformer(self.policy_config, len(vocab), max_len,
-                                            banned_tokens=(vocab.pad_id, vocab.bos_id))
-        self.critic = self.policy_config.value_head
+        self.hf_tokenizer = hf.tokenizer.tokenizer if hf is not None else None
+        """the Hugging Face policy's tokenizer (saved beside it); None for the built-in policy"""
         self.advantage = build_advantage_module(advantage_module, self.actor_config)
         self.recipe_inputs = self.advantage.required_batch_keys
         """optional batch keys the advantage stages read (sum_pi_squared, reward_baselines, ...)"""
         check_greedy_baseline(self.recipe_inputs, self.ppo_config.greedy_baseline)
-        self.ref_policy: Optional[CausalTransformer] = None
-        if self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0 \
-                or "ref_logp" in self.recipe_inputs:
-            self.ref_policy = copy.deepcopy(self.policy)
-            self.ref_policy.value_head = None
-            self.ref_policy.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        self.policy, self.ref_policy = self._build_policies(max_len)
+        self.critic = self.policy_config.value_head
         self.scorers = [(f"prm.scorers[{i}] {s.path!r}",
                          resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
                          float(s.weight), dict(s.kwargs))
@@ -291,6 +288,29 @@ class PPOModule(pl.LightningModule):
         """training steps (rollouts) done so far; seeds the next step's generators"""
         self._loader: Optional[PromptLoader] = None
 
+    def _build_policies(self, max_len: int) -> tuple[torch.nn.Module, Any]:
+        """The policy and, when a KL term needs it, the frozen reference (under LoRA the
+        policy with its adapters disabled). The initial weights come from the run's seed
+        too, not from whatever the global RNG holds: the same seed, the same policy."""
+        need_reference = (self.actor_config.kl_ctl > 0 or self.ppo_config.kl_loss_coef > 0
+                          or "ref_logp" in self.recipe_inputs)
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import build_hf_policy
+
+            policy = build_hf_policy(self.policy_config, seed=derive_seed(self.seed, "init"))
+            return policy, policy.reference() if need_reference else None
+        vocab = self.runtime.vocab
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "init"))
+            policy = CausalTransformer(self.policy_config, len(vocab), max_len,
+                                       banned_tokens=(vocab.pad_id, vocab.bos_id))
+        if not need_reference:
+            return policy, None
+        reference = copy.deepcopy(policy)
+        reference.value_head = None
+        reference.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        return policy, reference
+
     # ------------------------------------------------------------------ Lightning hooks
 
     @property
@@ -303,13 +323,15 @@ class PPOModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         # The fused kernel updates all parameters in one pass: the same update (to float
-        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU.
+        # rounding, ~1e-7 after hundreds of steps), about twice as fast on CPU. Lightning's
+        # mixed precision refuses to clip the gradients of a fused optimizer.
+        mixed = "mixed" in str(getattr(self._trainer, "precision", "") or "")
         return torch.optim.AdamW(params, lr=self.ppo_config.lr,
                                  weight_decay=self.ppo_config.weight_decay,
-                                 fused=self.device.type in ("cpu", "cuda"))
+                                 fused=self.device.type in ("cpu", "cuda") and not mixed)
 
     def train_dataloader(self) -> PromptLoader:
-        dataset = PromptDataset(self.task_config.num_prompts)
+        dataset = PromptDataset(self.runtime.num_prompts)
         sampler = PromptSampler(dataset, self.ppo_config.prompts_per_step,
                                 num_replicas=self.trainer.world_size,
                                 rank=self.trainer.global_rank, seed=self.seed)
@@ -321,8 +343,48 @@ class PPOModule(pl.LightningModule):
         self._loader = PromptLoader(dataset, sampler)
         return self._loader
 
+    def on_fit_start(self) -> None:
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_policy import check_device_dtype
+
+            check_device_dtype(self.policy_config.dtype, self.device)
+            if self._fsdp() and self.policy_config.lora is not None:
+                raise ValueError("policy.lora: LoRA under the FSDP strategy is not supported "
+                                 "(saving would need the sharded adapters merged); use DDP")
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
+        self.save_hf_model()
+
+    def on_train_end(self) -> None:
+        self.save_hf_model()
+
+    @property
+    def hf_model_dir(self) -> Optional[str]:
+        """Where the Hugging Face policy is saved: ``<run directory>/hf_model`` (None for the
+        built-in policy)."""
+        if self.hf_tokenizer is None or self._trainer is None:
+            return None
+        return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "hf_model")
+
+    def _fsdp(self) -> bool:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy)
+
+    def save_hf_model(self) -> None:
+        """Write the policy with ``save_pretrained`` (rank 0), with each checkpoint and at the
+        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``.
+        Under FSDP every rank takes part in gathering the full state dict first."""
+        directory = self.hf_model_dir
+        if directory is None:
+            return
+        state = None
+        if self._fsdp():  # collective: the full, unsharded weights, on rank 0 only
+            full = self.trainer.strategy.lightning_module_state_dict()
+            state = {k[len("policy."):]: v for k, v in full.items() if k.startswith("policy.")}
+        if self.trainer.is_global_zero:
+            self.policy.save_pretrained(directory, self.hf_tokenizer, state_dict=state)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_adv", {})
@@ -341,8 +403,7 @@ class PPOModule(pl.LightningModule):
             groups, sampled = self.sample_groups(batch.tolist(), step, rank)
             baselines = None
             if self.ppo_config.greedy_baseline:
-                baselines = greedy_rewards(self.policy, self.runtime, [g[0].index for g in groups],
-                                           self.max_new_tokens, self.ppo_config.kv_cache)
+                baselines = self.greedy_baselines([g[0].index for g in groups])
                 self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
                          on_epoch=False, batch_size=len(baselines), sync_dist=True)
             rollout, meta = self.make_batch(groups, baselines)
@@ -371,7 +432,7 @@ class PPOModule(pl.LightningModule):
             groups = self.rollout(indices, gen)
             return groups, groups
         prompts = generator(self.seed, "dynamic_sampling", step, rank)
-        pool = self.task_config.num_prompts
+        pool = self.runtime.num_prompts
 
         def draw(n: int) -> list[int]:
             return torch.randint(pool, (n,), generator=prompts).tolist()
@@ -393,12 +454,37 @@ class PPOModule(pl.LightningModule):
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
         """Sample and score ``n_samples`` episodes for each prompt index."""
         self.policy.eval()
-        groups = generate(self.policy, self.runtime, indices, self.ppo_config.n_samples,
-                          self.max_new_tokens, self.ppo_config.temperature, gen,
-                          kv_cache=self.ppo_config.kv_cache)
+        cfg = self.ppo_config
+        if self.hf_tokenizer is not None:
+            from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+            groups = hf_generate(self.policy, self.runtime, indices, cfg.n_samples,
+                                 self.max_new_tokens,
+                                 SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p), gen,
+                                 kv_cache=cfg.kv_cache)
+        else:
+            groups = generate(self.policy, self.runtime, indices, cfg.n_samples,
+                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache)
         self.policy.train()
         score(groups, self.runtime, self.scorers)
         return groups
+
+    @torch.no_grad()
+    def greedy_baselines(self, indices: list[int]) -> list[float]:
+        """The task reward of one greedy response per prompt (``ppo.greedy_baseline``)."""
+        if self.hf_tokenizer is None:
+            return greedy_rewards(self.policy, self.runtime, indices, self.max_new_tokens,
+                                  self.ppo_config.kv_cache)
+        from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+
+        self.policy.eval()
+        # top-k 1 leaves the most likely token alone: the draw is the argmax
+        groups = hf_generate(self.policy, self.runtime, indices, 1, self.max_new_tokens,
+                             SamplingParams(top_k=1), torch.Generator(),
+                             kv_cache=self.ppo_config.kv_cache)
+        self.policy.train()
+        score(groups, self.runtime)
+        return [group[0].reward for group in groups]
 
     @torch.no_grad()
     def make_batch(self, groups: list[list[Any]],
@@ -536,6 +622,41 @@ class PPOModule(pl.LightningModule):
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
 
 
+def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
+    """A pretrained policy's setup (files, config, tokenizer; no weights loaded), or None for
+    the built-in policy, whose sampler has no top-k / top-p and no stop strings."""
+    if policy.pretrained is None:
+        for name, off in (("top_k", 0), ("top_p", 1.0)):
+            if getattr(ppo, name) != off:
+                raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
+                                 f"(policy.pretrained) only; the built-in policy samples from "
+                                 f"the full distribution")
+        if task.stop_strings:
+            raise ValueError("task.stop_strings: supported with a Hugging Face policy "
+                             "(policy.pretrained) only; the built-in policy's turns end at "
+                             "<eos> or the token limit")
+        return None
+    from lightning_adv.trainer.hf_policy import check_hf_policy
+
+    return check_hf_policy(policy, task.chat_template)
+
+
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any
+                 ) -> tuple[TaskRuntime, int, int]:
+    """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
+    ``hf``), the tokens per policy turn and the built-in policy's sequence length. With a
+    HF policy every prompt must leave room in the context window for the episode: every
+    turn's limit and the replies between (counted in the task's symbols; a chat
+    template's framing is checked while sampling)."""
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
+    max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
+    if hf is not None:
+        t = runtime.task
+        runtime.context_window = hf.context_window
+        runtime.episode_budget = t.max_turns * max_new_tokens + (t.max_turns - 1) * t.max_reply_len
+    return runtime, max_new_tokens, max_len
+
+
 def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
     """A critic-free recipe with a value head: GAE would subtract the critic's values on top
     of the recipe's own baseline (or train a critic nobody reads)."""
@@ -609,8 +730,15 @@ def validate_model_config(values: Mapping[str, Any]) -> None:
     prm = _as(PRMConfig, values.get("prm"), "prm")
     kl_controller = _as(KLControllerConfig, values.get("kl_controller"), "kl_controller")
     check_trainer_options(actor, prm, kl_controller)
-    runtime = TaskRuntime(task)
-    max_new_tokens, _ = sequence_budget(runtime, ppo, policy)
+    hf = check_hf_options(policy, ppo, task)
+    if hf is not None and policy.dtype == "float16" and not torch.cuda.is_available():
+        from lightning_adv.trainer.hf_policy import check_device_dtype
+
+        check_device_dtype(policy.dtype, "cpu")
+    runtime, max_new_tokens, _ = task_runtime(task, ppo, policy, hf)
+    # A dataset's every line (a missing prompt, one too long for the model) fails here,
+    # before training; drawn tasks check the prompts of the first steps.
+    runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
     check_length_penalty(actor, runtime, max_new_tokens)
     for i, spec in enumerate(prm.scorers):
         resolve_callable(spec.path, spec.kwargs, f"prm.scorers[{i}].path")

@@ -48,7 +48,7 @@ class Episode:
 
     @property
     def truncated(self) -> bool:
-        return bool(self.turns) and not self.turns[-1].eos
+        return bool(self.turns) and not self.turns[-1].ended
 
 
 @torch.no_grad()
@@ -66,12 +66,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
     """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
-    episodes: list[Episode] = []
-    for index in indices:
-        instance, prompt = runtime.instance(int(index))
-        for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    episodes = start_episodes(runtime, indices, n_samples)
     width = task.max_episode_len(max_new_tokens)
     buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
     for row, ep in enumerate(episodes):
@@ -111,6 +106,17 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         reader.finish(buffer, episodes)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
+
+
+def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
+    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
+    episodes: list[Episode] = []
+    for index in indices:
+        instance, prompt = runtime.instance(int(index))
+        for _ in range(n_samples):
+            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    return episodes
 
 
 class _CachedReader:
@@ -183,8 +189,10 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
     task = runtime.task
     for group in groups:
         for sample_no, ep in enumerate(group):
-            ep.sample = Sample(index=ep.index, instance=ep.instance,
-                               prompt=runtime.vocab.decode(ep.tokens[: _prompt_len(ep)]),
+            prompt = runtime.prompt_text(ep.index)  # the task's text, not a chat rendering
+            if not isinstance(prompt, str):  # chat messages: the rendered text
+                prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
+            ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
                                turns=tuple(ep.turns), truncated=ep.truncated,
                                target=task.target(ep.instance))
             ep.reward = runtime.reward(ep.sample, sample_no)

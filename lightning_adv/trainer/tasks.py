@@ -21,12 +21,13 @@ and :func:`guess_consistency` (per turn).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 
@@ -67,6 +68,24 @@ class Vocab:
                              f"({self.symbols!r})")
         return [self.stoi[c] for c in text]
 
+    def encode_prompt(self, prompt: Any, where: str, error: type[Exception] = ValueError
+                      ) -> list[int]:
+        """``<bos>`` and the prompt's symbols (a character vocabulary has no chat template)."""
+        if not isinstance(prompt, str):
+            raise error(f"{where}: a prompt of chat messages needs a tokenizer with a chat "
+                        f"template (a Hugging Face policy, model.policy.pretrained); the built-in "
+                        f"policy reads strings")
+        return [self.bos_id] + self.encode(prompt, where, error)
+
+    def encode_reply(self, text: str, after_eos: bool, where: str,
+                     error: type[Exception] = ValueError) -> list[int]:
+        """The environment's reply, appended as its symbols."""
+        return self.encode(text, where, error)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset((self.eos_id,))
+
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.itos[i] for i in ids if i >= len(self.specials))
 
@@ -83,9 +102,16 @@ class Turn:
     tokens: tuple[str, ...]
     """every generated token, ``<eos>`` included when the turn ended with it"""
     eos: bool
-    """the turn ended with ``<eos>`` (else it hit the per-turn token limit)"""
+    """the turn ended with ``<eos>`` (else it hit the per-turn token limit or a stop string)"""
     reply: str = ""
     """the environment's answer after this turn ("" after the last turn)"""
+    stop: Optional[str] = None
+    """the stop string (``task.stop_strings``) that ended the turn, if one did"""
+
+    @property
+    def ended(self) -> bool:
+        """The turn ended by itself (EOS or a stop string), not at the token limit."""
+        return self.eos or self.stop is not None
 
 
 @dataclass(frozen=True)
@@ -131,6 +157,16 @@ class Task:
     max_reply_len: int = 0
 
     @property
+    def pool_size(self) -> Optional[int]:
+        """Number of distinct prompts when the task is a fixed pool (a dataset; prompt ``i``
+        is :meth:`instance_at`), None when instances are drawn (:meth:`make_instance`)."""
+        return None
+
+    def instance_at(self, index: int) -> Any:
+        """Instance ``index`` of a fixed pool (tasks with a ``pool_size``)."""
+        raise NotImplementedError
+
+    @property
     def vocab(self) -> Vocab:
         if not hasattr(self, "_vocab"):
             self._vocab = Vocab(self.symbols)
@@ -141,7 +177,9 @@ class Task:
         raise NotImplementedError
 
     def prompt(self, instance: Any) -> str:
-        """The prompt text of an instance (non-empty, task symbols only)."""
+        """The prompt text of an instance (non-empty, task symbols only). With a Hugging
+        Face tokenizer it is rendered through the chat template (``task.chat_template``);
+        a list of ``{"role", "content"}`` messages is accepted there too."""
         raise NotImplementedError
 
     def target(self, instance: Any) -> Optional[str]:
@@ -332,10 +370,37 @@ class TaskConfig:
     drawn from (seed, i)"""
     seed: int = 0
     """seed of the prompt pool (independent of the training seed)"""
+    dataset: Optional[str] = None
+    """JSON-lines prompt file (a 'prompt' per line plus the fields the reward reads); replaces
+    task.name and needs task.reward; the pool is its lines, in order (at most num_prompts)"""
+    chat_template: Union[bool, Literal["auto"]] = "auto"
+    """render prompts (and environment replies, as messages) through the tokenizer's chat
+    template: auto (when it has one), true (it must have one) or false (plain text)"""
+    stop_strings: list[str] = field(default_factory=list)
+    """a policy turn also ends when its text contains one of these (kept in the text)"""
 
     def __post_init__(self) -> None:
+        if self.dataset is not None:
+            if not isinstance(self.dataset, str) or not self.dataset:
+                raise ValueError(f"task.dataset: expected null or the path of a JSON-lines "
+                                 f"file, got {self.dataset!r}")
+            if self.name not in ("reverse", "dataset"):
+                raise ValueError(f"task.name: task.dataset ({self.dataset!r}) is the task; leave "
+                                 f"task.name unset, got {self.name!r}")
+            if self.reward is None:
+                raise ValueError("task.reward: a dataset task (task.dataset) needs a reward "
+                                 "function by dotted path, e.g. "
+                                 "lightning_adv.trainer.text_tasks.exact_match")
+        if self.chat_template not in ("auto", True, False):
+            raise ValueError(f"task.chat_template: expected auto, true or false, got "
+                             f"{self.chat_template!r}")
+        if not (isinstance(self.stop_strings, list)
+                and all(isinstance(s, str) and s for s in self.stop_strings)):
+            raise ValueError(f"task.stop_strings: expected a list of non-empty strings, got "
+                             f"{self.stop_strings!r}")
         if not isinstance(self.name, str) or not (self.name in BUILTIN_TASKS
-                                                   or is_dotted_path(self.name)):
+                                                   or is_dotted_path(self.name)
+                                                   or self.dataset is not None):
             raise ValueError(f"task.name: expected one of {', '.join(BUILTIN_TASKS)} or a dotted "
                              f"path (my_pkg.tasks.MyTask), got {self.name!r}")
         check_json_kwargs("task.kwargs", self.kwargs)
@@ -356,15 +421,29 @@ class TaskRuntime:
 
     Every call into user code (instances, prompts, replies, rewards) is checked here, and
     errors name the config key and the function.
+
+    ``tokenizer`` turns prompts and replies into tokens: the task's own character
+    :class:`Vocab` by default, or a Hugging Face tokenizer's adapter
+    (:class:`~lightning_adv.trainer.hf_tokenizer.HFTokenizer`). With ``context_window``
+    every prompt is checked to leave room for ``episode_budget`` more tokens.
     """
 
-    def __init__(self, config: TaskConfig):
+    def __init__(self, config: TaskConfig, tokenizer: Any = None,
+                 context_window: Optional[int] = None, episode_budget: int = 0):
         self.config = config
-        self.where = f"task.name {config.name!r}"
+        self.where = (f"task.dataset {config.dataset!r}" if config.dataset is not None
+                      else f"task.name {config.name!r}")
         self.task = build_task(config)
-        vocab = self.task.vocab
-        self.vocab = vocab
+        self.vocab = tokenizer if tokenizer is not None else self.task.vocab
+        if tokenizer is None and config.chat_template is True:
+            raise ValueError("task.chat_template: true, but the built-in policy's character "
+                             "vocabulary has no chat template (use auto or false, or a Hugging "
+                             "Face policy: model.policy.pretrained)")
+        self.context_window = context_window
+        self.episode_budget = episode_budget
         self._instances: dict[int, tuple[Any, list[int]]] = {}
+        if self.task.max_turns > 1 and hasattr(self.vocab, "check_replies"):
+            self.vocab.check_replies()  # the chat template can append replies as messages
         if config.reward is not None:
             fn = resolve_callable(config.reward, config.reward_kwargs, "task.reward")
             self.reward_where = f"task.reward {config.reward!r}"
@@ -373,8 +452,19 @@ class TaskRuntime:
             self.reward_where = f"{self.where} reward"
             self._reward = self.task.reward
 
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the pool: ``task.num_prompts``, at most a dataset's records."""
+        pool = self.task.pool_size
+        return self.config.num_prompts if pool is None else min(pool, self.config.num_prompts)
+
+    def prompt_text(self, index: int) -> Any:
+        """The task's prompt of instance ``index`` (before any chat template)."""
+        return self.task.prompt(self.instance(index)[0])
+
     def instance(self, index: int) -> tuple[Any, list[int]]:
-        """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first).
+        """Instance ``index`` of the pool and its prompt tokens (``<bos>`` first, or the
+        tokenizer's rendering).
 
         Made once per index and kept (seeding a string-seeded ``random.Random`` costs about
         a millisecond): tasks must treat their instances as read-only."""
@@ -384,18 +474,42 @@ class TaskRuntime:
         return instance, list(tokens)
 
     def _make_instance(self, index: int) -> tuple[Any, list[int]]:
-        rng = random.Random(f"{self.config.seed}:{index}")
-        instance = self.task.make_instance(rng)
+        if self.task.pool_size is not None:
+            instance = self.task.instance_at(index)
+        else:
+            instance = self.task.make_instance(random.Random(f"{self.config.seed}:{index}"))
         text = self.task.prompt(instance)
         where = f"{self.where}: prompt of instance {index}"
-        if not isinstance(text, str) or not text:
+        if not (isinstance(text, (str, list)) and text):
             raise TaskError(f"{where}: expected a non-empty string, got {text!r}")
-        if len(text) > self.task.max_prompt_len:
+        if isinstance(text, str) and len(text) > self.task.max_prompt_len:
             raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_prompt_len "
                             f"({self.task.max_prompt_len})")
-        return instance, [self.vocab.bos_id] + self.vocab.encode(text, where, TaskError)
+        tokens = self.vocab.encode_prompt(text, where, TaskError)
+        window = self.context_window
+        if window is not None and len(tokens) + self.episode_budget > window:
+            raise TaskError(f"{where}: {len(tokens)} prompt tokens + up to {self.episode_budget} "
+                            f"tokens of the episode (ppo.max_new_tokens x turns, and replies) "
+                            f"exceed the model's context window of {window} tokens "
+                            f"(model.policy.pretrained); shorten the prompt or lower "
+                            f"ppo.max_new_tokens")
+        return instance, tokens
+
+    def check_prompts(self, limit: Optional[int] = None) -> None:
+        """Build (and so check) the first ``limit`` prompts of the pool (all with None):
+        before training, so a bad dataset line or an over-long prompt stops the run early."""
+        count = self.num_prompts if limit is None else min(limit, self.num_prompts)
+        for index in range(count):
+            self.instance(index)
 
     def reply(self, instance: Any, turns: Sequence[Turn], index: int) -> Optional[list[int]]:
+        """The environment's reply tokens after the last of ``turns`` (None: episode over)."""
+        answer = self.reply_with_text(instance, turns, index)
+        return None if answer is None else answer[1]
+
+    def reply_with_text(self, instance: Any, turns: Sequence[Turn], index: int
+                        ) -> Optional[tuple[str, list[int]]]:
+        """The reply's text and its tokens, checked."""
         text = self.task.reply(instance, turns)
         if text is None:
             return None
@@ -406,7 +520,7 @@ class TaskRuntime:
         if len(text) > self.task.max_reply_len:
             raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_reply_len "
                              f"({self.task.max_reply_len})")
-        return self.vocab.encode(text, where, TaskError)
+        return text, self.vocab.encode_reply(text, turns[-1].eos, where, TaskError)
 
     def reward(self, sample: Sample, sample_no: int) -> float:
         value = self._reward(sample)
@@ -433,8 +547,14 @@ def checked_user_number(value: Any, where: str, what: str, field_name: str) -> f
 
 def build_task(config: TaskConfig) -> Task:
     """Construct the configured task; errors name ``task.name`` / ``task.kwargs``."""
+    if config.dataset is not None:
+        from lightning_adv.trainer.text_tasks import DatasetTask
+
+        factory: Any = functools.partial(DatasetTask, config.dataset)
+        check_signature(factory, config.kwargs, "task.kwargs", "DatasetTask", positional=0)
+        return factory(**config.kwargs)  # its errors name task.dataset and the line
     if config.name in BUILTIN_TASKS:
-        factory: Any = BUILTIN_TASKS[config.name]
+        factory = BUILTIN_TASKS[config.name]
     else:
         factory = import_object(config.name, "task.name")
         if not callable(factory):

@@ -1,0 +1,330 @@
+"""A Hugging Face causal LM as the trainer's policy, critic and reference.
+
+:func:`build_hf_policy` loads ``model.policy.pretrained`` (a local directory or a hub id)
+with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and returns an :class:`HFPolicy` (the
+same call contract as the built-in policy: ``policy(ids) -> (logits, values)`` in the
+next-token convention), the reference policy of the KL terms, and the tokenizer.
+
+- **Critic.** ``value_head: true`` adds a scalar head (zero-initialised, float32) on the
+  policy's last hidden state (a shared trunk, as TRL's value-head models); with
+  ``critic_pretrained: DIR`` the head sits on the trunk of a separate model loaded with
+  ``AutoModel`` (OpenRLHF's critic), trained by the same optimizer.
+- **Reference.** A frozen copy of the initial policy; under LoRA, the policy itself with
+  its adapters disabled (``peft``'s ``disable_adapter()``), so no second copy is held.
+- **Saving.** :meth:`HFPolicy.save_pretrained` writes what ``AutoModelForCausalLM``
+  loads: the model (LoRA merged into a copy, or the adapter alone), the tokenizer, and
+  the value head as ``value_head.safetensors``.
+
+Loading checks (errors name the key, before any weights are read): the directory exists
+and holds a ``config.json``, weights and a tokenizer; the config is a causal LM's;
+``dtype: float16`` needs a GPU; LoRA needs ``peft``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_adv.trainer.hf_tokenizer import HFTokenizer
+from lightning_adv.trainer.policy import LoRAConfig, PolicyConfig
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "adapter_model.safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _hub_env() -> None:
+    # transformers' progress bars and load reports would flood every run's output.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def check_model_location(path: str, key: str) -> bool:
+    """Check a local model directory's files; True for a local directory, False for a
+    hub id (left to ``from_pretrained``). Errors name ``key``."""
+    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path)
+    if not os.path.isdir(os.path.expanduser(path)):
+        if looks_local or path.count("/") > 1:
+            raise ValueError(f"{key}: no such directory {path!r} (a Hugging Face model directory "
+                             f"or a hub id such as Qwen/Qwen2.5-0.5B)")
+        return False
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{key}: {path!r} has no config.json: not a Hugging Face model directory")
+    if not any((directory / name).is_file() for name in WEIGHT_FILES) and not any(
+            directory.glob("*.safetensors")):
+        raise ValueError(f"{key}: {path!r} has no model weights (expected one of "
+                         f"{', '.join(WEIGHT_FILES[:3])})")
+    return True
+
+
+def load_config(path: str, key: str, trust_remote_code: bool) -> Any:
+    """The model's ``AutoConfig``, checked to be a causal LM's."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    local = check_model_location(path, key)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError variously
+        what = ("the model config of" if local else
+                "no local directory and no model on the hub (or HF_HUB_OFFLINE is set) named")
+        raise ValueError(f"{key}: cannot load {what} {path!r}: "
+                         f"{type(exc).__name__}: {str(exc)[:300]}") from None
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not (
+            remote and trust_remote_code):
+        arch = ", ".join(getattr(config, "architectures", None) or []) or "no architecture"
+        raise ValueError(f"{key}: {path!r} holds a {config.model_type!r} model ({arch}), which is "
+                         f"not a causal language model (AutoModelForCausalLM cannot load it)")
+    return config
+
+
+def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    directory = Path(path).expanduser()
+    if directory.is_dir() and not any((directory / n).is_file() for n in TOKENIZER_FILES):
+        raise ValueError(f"{key}: {path!r} has no tokenizer (expected tokenizer.json or "
+                         f"tokenizer_config.json beside the model)")
+    try:
+        # Left padding is what batched generation needs; the trainer pads its own batches.
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                             padding_side="left")
+    except Exception as exc:
+        raise ValueError(f"{key}: cannot load the tokenizer of {path!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def context_window(config: Any) -> Optional[int]:
+    """The longest sequence the model reads (None when its config does not say)."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_device_dtype(dtype: str, device: torch.device | str) -> None:
+    if dtype == "float16" and torch.device(device).type == "cpu":
+        raise ValueError("policy.dtype: float16 needs a GPU (CPU kernels for it are missing or "
+                         "slow); use bfloat16 or float32 on CPU, or "
+                         "--trainer.precision=bf16-mixed")
+
+
+def check_lora_available() -> None:
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("policy.lora: LoRA needs the peft package, which is not installed; "
+                         "install the extra: pip install 'lightning_adv[lora]'")
+
+
+@dataclass
+class HFSetup:
+    """What the trainer needs of a pretrained policy, checked before anything is loaded."""
+
+    config: Any
+    """the policy's transformers config"""
+    tokenizer: HFTokenizer
+    context_window: Optional[int]
+
+
+def check_hf_policy(policy: PolicyConfig, chat_template: Any = "auto") -> HFSetup:
+    """Everything that can be checked without loading weights: files, config, tokenizer,
+    LoRA availability, the critic's directory. Errors name ``policy.<field>``."""
+    _hub_env()
+    assert policy.pretrained is not None
+    config = load_config(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
+    raw = load_tokenizer(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
+    eos = _generation_eos(policy.pretrained)
+    tokenizer = HFTokenizer(raw, chat_template, eos_ids=eos)
+    if policy.lora is not None:
+        check_lora_available()
+    if policy.critic_pretrained is not None:
+        critic = load_config(policy.critic_pretrained, "policy.critic_pretrained",
+                             policy.trust_remote_code)
+        if getattr(critic, "vocab_size", len(raw)) < len(raw):
+            raise ValueError(f"policy.critic_pretrained: its vocabulary ({critic.vocab_size} "
+                             f"tokens) is smaller than the policy tokenizer's ({len(raw)}); the "
+                             f"critic must read the policy's token ids")
+    return HFSetup(config, tokenizer, context_window(config))
+
+
+def _generation_eos(path: str) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except Exception:  # no generation_config.json: the tokenizer's EOS alone
+        return []
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def _load_kwargs(policy: PolicyConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code,
+                              "dtype": "auto" if policy.dtype == "auto"
+                              else TORCH_DTYPES[policy.dtype]}
+    if policy.attn_implementation is not None:
+        kwargs["attn_implementation"] = policy.attn_implementation
+    return kwargs
+
+
+def _without_dropout(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+class HFPolicy(nn.Module):
+    """A causal LM (optionally with LoRA adapters) and an optional value head.
+
+    ``forward(input_ids)`` reads a right-padded ``[B, T]`` batch (causal attention keeps
+    real tokens from seeing the padding after them) and returns (logits ``[B, T, V]``,
+    values ``[B, T]`` or None): position ``t`` has read tokens ``0..t``.
+    """
+
+    def __init__(self, model: nn.Module, value_head: bool = False,
+                 critic: Optional[nn.Module] = None, lora: Optional[LoRAConfig] = None):
+        super().__init__()
+        self.model = model
+        self.critic = critic
+        self.lora = lora
+        hidden = (critic or model).config.hidden_size
+        self.value_head = nn.Linear(hidden, 1) if value_head else None
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def forward(self, input_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        shared = self.value_head is not None and self.critic is None
+        out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=shared)
+        values = None
+        if self.value_head is not None:
+            hidden = (out.hidden_states[-1] if shared else
+                      self.critic(input_ids=input_ids, use_cache=False).last_hidden_state)
+            values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return out.logits, values
+
+    def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+               cache: Any = None) -> tuple[Tensor, Any]:
+        """One sampling step: read ``input_ids`` ``[B, n]`` after what ``cache`` holds
+        (``attention_mask`` covers both, 0 on padding); returns (the last column's logits
+        ``[B, 1, V]``, the cache). ``cache=None`` reads from the start."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits, out.cache
+
+    def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
+        """The reference policy: under LoRA this model with its adapters disabled, else a
+        frozen copy of it as it is now (call before training)."""
+        if self.lora is not None:
+            return AdapterDisabledReference(self)
+        reference = FrozenHFPolicy(copy.deepcopy(self.model))
+        reference.requires_grad_(False)
+        return reference.eval()
+
+    @torch.no_grad()
+    def save_pretrained(self, directory: str | Path, tokenizer: Any,
+                        state_dict: Optional[dict[str, Tensor]] = None) -> Path:
+        """Write the policy for inference: ``AutoModelForCausalLM.from_pretrained(directory)``
+        loads it (an adapter directory loads through ``peft``). The value head, when there
+        is one, goes to ``value_head.safetensors``. ``state_dict``: this module's full
+        state (gathered from shards under FSDP) instead of its own parameters."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
+        model = self.model
+        if self.lora is not None and self.lora.save == "merged":
+            model = copy.deepcopy(model).merge_and_unload()
+            model.save_pretrained(directory)
+        else:
+            model.save_pretrained(directory, state_dict=_part(state, "model.")
+                                  if state_dict is not None else None)
+        tokenizer.save_pretrained(directory)
+        if self.value_head is not None:
+            head = {k: v.detach().float().cpu().contiguous()
+                    for k, v in _part(state, "value_head.").items()}
+            save_file(head, str(directory / "value_head.safetensors"))
+        return directory
+
+
+def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+class FrozenHFPolicy(HFPolicy):
+    """A reference copy: no gradients, and always in eval mode (no dropout), whatever
+    ``train()`` calls reach it."""
+
+    def train(self, mode: bool = True) -> "FrozenHFPolicy":
+        return super().train(False)
+
+
+class AdapterDisabledReference:
+    """The reference policy under LoRA: the policy's forward with its adapters off.
+
+    A plain object, not a module: it holds no parameters of its own, so checkpoints and
+    optimizers see the policy once."""
+
+    def __init__(self, policy: HFPolicy):
+        self.policy = policy
+
+    def __call__(self, input_ids: Tensor) -> tuple[Tensor, None]:
+        with self.policy.model.disable_adapter():
+            return self.policy.model(input_ids=input_ids, use_cache=False).logits, None
+
+
+def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:
+    """Load the pretrained policy (and critic), add LoRA adapters and the value head; the
+    new parameters' initialisation is seeded by ``seed``."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    _hub_env()
+    assert policy.pretrained is not None
+    kwargs = _load_kwargs(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy.pretrained, **kwargs)
+    critic = None
+    if policy.critic_pretrained is not None:
+        critic = AutoModel.from_pretrained(policy.critic_pretrained, **kwargs)
+    if policy.disable_dropout:
+        _without_dropout(model)
+        if critic is not None:
+            _without_dropout(critic)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if policy.lora is not None:
+            model = _with_lora(model, policy.lora)
+        built = HFPolicy(model, value_head=policy.value_head, critic=critic, lora=policy.lora)
+    return built.train()  # from_pretrained returns eval mode; the trainer switches modes
+
+
+def _with_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
+    check_lora_available()
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise ValueError(f"policy.lora.target_modules: {exc}") from None
