@@ -268,15 +268,24 @@ class CausalTransformer(nn.Module):
         return self.lm_head(x) + self.logit_bias, values
 
 
+#: Up to this vocabulary size the log-softmax is written out (see below).
+SMALL_VOCAB = 256
+
+
 def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log_softmax(logits / temperature)`` over the vocabulary (the sampler and the
-    trainer use this one function, so the same logits give the same log-probs). Written out: over a
-    vocabulary of a few dozen tokens torch's fused kernel is two to three times slower on
-    CPU (forward and backward) than these four operations; the max is a constant shift
-    (it cancels in the value and in the gradient), so it carries no gradient."""
+    """``log_softmax(logits / temperature)`` over the vocabulary; the sampler and the
+    trainer use this one function, so the same logits give the same log-probs.
+
+    Over a vocabulary of a few dozen tokens torch's fused kernel is two to three times
+    slower on CPU (forward and backward) than four written-out operations, which take
+    the max as a constant shift (it cancels in the value and in the gradient); over a
+    large vocabulary (a Hugging Face model's) the fused kernel is faster and needs no
+    full-size temporaries, so it is used there."""
     scaled = logits.float()
     if temperature != 1.0:  # (dividing by 1 changes nothing but costs a pass and its backward)
         scaled = scaled / temperature
+    if scaled.shape[-1] > SMALL_VOCAB:
+        return torch.log_softmax(scaled, dim=-1)
     shifted = scaled - scaled.detach().amax(dim=-1, keepdim=True)
     return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
 
