@@ -1,6 +1,11 @@
 """lightning_adv: configurable, validated and fast advantage computation for PPO-family
 trainers of language-model policies, on PyTorch Lightning."""
 
+# First, before anything imports torch: OpenMP reads its wait policy when torch loads it.
+from lightning_adv.openmp import prefer_passive_wait
+
+prefer_passive_wait()
+
 from lightning_adv.batch_checks import LogProbRangeWarning, UnknownBatchKeyWarning
 from lightning_adv.config import (
     ActorConfig, AdvantageConfig, IgnoredSettingWarning, NormConfig, PRMAdvantageShapingConfig,

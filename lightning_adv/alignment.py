@@ -15,16 +15,37 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.batch_checks import BatchFacts, present
+from lightning_adv.batch_checks import SMALL, BatchFacts, present
 from lightning_adv.config import ActorConfig
 from lightning_adv.contracts import TemporalInputs
 from lightning_adv.meta import BatchMeta
 from lightning_adv.rewards import DroppedOutcomeRewardWarning, kl_penalty
+from lightning_adv.workspace import scratch
 
 
 def shift_left(x: Tensor) -> Tensor:
     """Token-aligned -> next-token-aligned, exactly as ``torch.roll(x, -1, dims=-1)``."""
     return torch.roll(x, shifts=-1, dims=-1)
+
+
+def _shift_left_into(out: Tensor, x: Tensor, last: Optional[Tensor] = None) -> Tensor:
+    """``out[:, t] = x[:, t + 1]``, and the last column from ``last`` (default ``x[:, 0]``,
+    torch.roll's wrap-around): one pass, converting to ``out``'s dtype."""
+    out[:, :-1].copy_(x[:, 1:])
+    out[:, -1].copy_(x[:, 0] if last is None else last)
+    return out
+
+
+def _masked_shift(x: Tensor, mask: Tensor) -> Tensor:
+    """``shift_left(x) * mask`` in ``x``'s dtype (as the in-place multiply it replaces):
+    one pass into a new tensor (two calls, roll then multiply, for small batches, where
+    each call's dispatch costs more than the pass)."""
+    if x.numel() < SMALL:
+        return shift_left(x).mul_(mask)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    torch.mul(x[:, 1:], mask[:, :-1], out=out[:, :-1])
+    torch.mul(x[:, 0], mask[:, -1], out=out[:, -1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -35,7 +56,8 @@ class AlignedBatch:
     """[B, T] float 0/1"""
     turn_ids: Optional[Tensor]
     old_logp: Tensor
-    ref_logp: Tensor
+    ref_logp: Optional[Tensor]
+    """masked ``ref_logp``, or None when the batch has none (the KL then treats it as 0)"""
     prox_logp: Optional[Tensor]
     """the ``prox_logp`` output, or None to pass the input through (decoupled loss)"""
     mopd_behavior_logprobs: Optional[Tensor]
@@ -49,23 +71,28 @@ class AlignedBatch:
 
 
 def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig,
-                turn_ids_needed_by: Optional[str] = None) -> AlignedBatch:
+                turn_ids_needed_by: Optional[str] = None,
+                estimator_reads_turn_ids: bool = True) -> AlignedBatch:
     """SPEC §3 steps 4, 5, 6 (KL) and 7: aligned masks, log-probs, KL and process rewards.
 
     ``turn_ids_needed_by`` names the stage that needs ``turn_ids`` (for the error message).
+    ``estimator_reads_turn_ids=False`` (a built-in token-level estimator) skips aligning
+    them unless process rewards are folded per turn.
     """
     rows = torch.arange(facts.batch_size, device=facts.device)
-    mask = shift_left(facts.loss_mask)
+    mask = facts.aligned_loss_mask
     turn_ids = None
-    if present(batch, "turn_ids"):
-        turn_ids = shift_left(batch["turn_ids"])
-        turn_ids[:, -1] = -1
+    folds_turns = present(batch, "token_rewards") and not config.token_rewards_as_adv
+    if present(batch, "turn_ids") and (estimator_reads_turn_ids or folds_turns):
+        raw = batch["turn_ids"]
+        turn_ids = _shift_left_into(torch.empty_like(raw, memory_format=torch.contiguous_format),
+                                    raw, torch.full_like(raw[:, 0], -1))
     elif turn_ids_needed_by is not None:
         raise ValueError(f"{turn_ids_needed_by}: rollout batch has no 'turn_ids' (turn GAE needs "
                          f"the turn index of every generated token, -1 elsewhere)")
 
     logprobs = batch["logprobs"]
-    mopd = shift_left(logprobs).detach() * mask if present(batch, "mopd_teacher_logp_sum") else None
+    mopd = _masked_shift(logprobs.detach(), mask) if present(batch, "mopd_teacher_logp_sum") else None
     if config.recompute_logprob and not config.use_decoupled_loss:
         if not present(batch, "prox_logp"):
             raise ValueError("rollout batch 'prox_logp': actor.recompute_logprob=true (and no "
@@ -73,9 +100,9 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
                              "the batch has none; compute it before the advantages")
         old = batch["prox_logp"] * mask
     else:
-        old = shift_left(logprobs).mul_(mask)
+        old = _masked_shift(logprobs, mask)
     prox = None if config.use_decoupled_loss else old
-    ref = batch["ref_logp"] * mask if present(batch, "ref_logp") else torch.zeros_like(old)
+    ref = batch["ref_logp"] * mask if present(batch, "ref_logp") else None
 
     # The legacy code zeroes the KL at each row's last valid position before GAE. Both
     # log-probs are masked there (the position after the last token is never active, and
@@ -121,18 +148,25 @@ def _fold_turn_rewards(token_rewards: Tensor, shifted: Tensor, batch: Mapping[st
     return shifted * mask * (1 - continues)
 
 
-def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig) -> Tensor:
-    """Outcome score at ``max(seqlen - 2, 0)`` (the position predicting the last token)."""
+def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig,
+                  private: bool = False) -> Tensor:
+    """Outcome score at ``max(seqlen - 2, 0)`` (the position predicting the last token).
+
+    ``private``: the tensor goes only to a built-in estimator, which never returns it, so
+    it may live in the module's workspace instead of fresh memory.
+    """
     facts = aligned.facts
-    rows = torch.arange(facts.batch_size, device=facts.device)
-    position = (facts.seqlens - 2).clamp(min=0)
+    position = (facts.seqlens - 2).clamp_(min=0)[:, None]
     scores = scores.float()
     if config.mask_no_eos_with_zero:
         scores = torch.where(facts.is_truncated, torch.zeros_like(scores), scores)
-    outcome = torch.zeros_like(aligned.loss_mask)
-    outcome[rows, position] = scores
+    if private:
+        outcome = scratch(aligned.loss_mask.shape, torch.float32, facts.device).zero_()
+    else:
+        outcome = torch.zeros_like(aligned.loss_mask)
+    outcome.scatter_(1, position, scores[:, None])
     if config.dropped_outcome_reward != "ignore":
-        dropped = aligned.loss_mask[rows, position] == 0
+        dropped = aligned.loss_mask.gather(1, position)[:, 0] == 0
         if config.mask_no_eos_with_zero:
             dropped &= ~facts.is_truncated
         if bool(dropped.any()):

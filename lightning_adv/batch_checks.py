@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
@@ -19,6 +20,7 @@ from torch import Tensor
 from lightning_adv.config import ActorConfig
 from lightning_adv.meta import BatchMeta
 from lightning_adv.validators import warn_caller
+from lightning_adv.workspace import scratch
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
@@ -67,8 +69,9 @@ class BatchFacts:
     """[B] long: attended tokens per row"""
     is_truncated: Tensor
     """[B] bool: explicit ``is_truncated`` if given, else ``seqlen == T``"""
-    loss_mask: Tensor
-    """[B, T] float32 0/1: the token-aligned loss mask"""
+    aligned_loss_mask: Tensor
+    """[B, T] float32 0/1: the loss mask moved to the next-token convention (position t
+    is 1 when token t+1 was generated); a new tensor"""
 
 
 def _fail(key: str, expected: str, got: Any, exc: type[Exception] = ValueError) -> NoReturn:
@@ -79,22 +82,31 @@ def _shape(x: Any) -> Any:
     return list(x.shape) if isinstance(x, Tensor) else type(x).__name__
 
 
-def _check_finite(key: str, x: Tensor) -> None:
-    # Fast path: a NaN or Inf element makes the sum non-finite, so a finite sum clears the
-    # tensor with one reduction (isfinite over [B, T] costs ten times more). A non-finite
-    # sum (a bad element, or an overflow) falls through to the exact check.
-    if bool(torch.isfinite(x.sum())):
+def _check_finite(key: str, x: Tensor, total: Optional[float] = None) -> None:
+    """Raise if ``x`` has a NaN or Inf entry. ``total`` is ``x.sum()`` when the caller
+    already read it: a NaN or Inf element makes the sum non-finite, so a finite sum clears
+    the tensor (isfinite over [B, T] costs ten times more); a non-finite sum (a bad
+    element, or an overflow) falls through to the exact check."""
+    if math.isfinite(float(x.sum()) if total is None else total):
         return
     _report_non_finite(key, x)
 
 
-def _check_finite_logp(key: str, x: Tensor) -> bool:
-    """:func:`_check_finite` for a log-prob tensor, and whether some element (anywhere)
-    exceeds :data:`LOGP_TOLERANCE`. One min/max pass decides both in the common case
-    (NaN propagates to both, -inf shows in the min, +inf in the max), in place of the sum
-    of :func:`_check_finite`; only a tensor above the tolerance somewhere gets the exact
-    check at the positions that are read (:func:`_check_logp_range`)."""
-    low, high = torch.stack(torch.aminmax(x)).tolist()
+def _float_reductions(key: str, x: Tensor) -> list[Tensor]:
+    """What the combined transfer of :func:`validate_batch` reads of a float tensor: its
+    sum (finite exactly when its elements are, or an overflow), or for a log-prob tensor
+    its min and max, which also say whether some element exceeds :data:`LOGP_TOLERANCE`
+    (NaN propagates to both, -inf shows in the min, +inf in the max)."""
+    return [x.amin(), x.amax()] if key in LOGP_KEYS else [x.sum()]
+
+
+def _check_float(key: str, x: Tensor, values: list[float]) -> bool:
+    """Decide :func:`_float_reductions`; True for a log-prob tensor above the tolerance
+    somewhere (then checked where it is read: :func:`_check_logp_range`)."""
+    if key not in LOGP_KEYS:
+        _check_finite(key, x, values[0])
+        return False
+    low, high = values
     if not (abs(low) < float("inf") and abs(high) < float("inf")):
         _report_non_finite(key, x)
     return high > LOGP_TOLERANCE
@@ -108,45 +120,115 @@ def _report_non_finite(key: str, x: Tensor) -> None:
               f"{x[index].item()})")
 
 
-def _check_binary(key: str, x: Tensor) -> None:
-    if x.dtype == torch.bool:
-        return
-    if not x.is_floating_point() and not x.is_complex():
-        # Integers are 0/1 exactly when they lie in [0, 1]: one min/max pass.
-        low, high = torch.aminmax(x)
-        if bool((low >= 0) & (high <= 1)):
-            return
-    if not bool(((x == 0) | (x == 1)).all()):
-        _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+def _as_float32(x: Tensor) -> Tensor:
+    """``x`` itself when float32, else a float32 copy in a scratch buffer: one conversion
+    pass, after which every check is a vectorized float32 reduction (on CPU integer
+    reductions and comparisons producing bool tensors cost several times more)."""
+    if x.dtype == torch.float32:
+        return x
+    return scratch(x.shape, torch.float32, x.device).copy_(x)
 
 
-def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
-    """Seqlens [B] and the float token-aligned loss mask, once the masks are known to be 0/1.
+#: Below this many elements per tensor, fewer (larger) torch calls beat fewer passes over
+#: memory: each call costs microseconds of dispatch, each pass a few nanoseconds per
+#: kilobyte. Both variants compute the same numbers.
+SMALL = 1 << 17
 
-    Checks that the attention mask is right-padded, that generated tokens lie inside it and
-    that column 0 is not generated. The common (valid) case is decided with row sums and
-    one small matrix product in float32, exact for integer sums below 2**24: elementwise
-    boolean tensors over [B, T] cost several times more. They are built only to name the
-    rows of an error.
+#: Widest batch whose position sums (at most ``T(T-1)/2``) are exact in float32.
+EXACT_POSITION_SUMS = 4096
+
+
+@functools.lru_cache(maxsize=16)
+def _padding_weights(width: int, device: torch.device) -> tuple[Tensor, ...]:
+    """Column positions as float32 weights for the right-padding check and, indexed by a
+    row's length s, the sum ``s(s-1)/2`` of its first s positions: ``(pos, sums)`` when
+    every partial sum stays exact in float32, else ``(pos // 64, pos % 64)``."""
+    pos = torch.arange(width, device=device)
+    if width <= EXACT_POSITION_SUMS:
+        lengths = torch.arange(width + 1, device=device, dtype=torch.float64)
+        return pos.float(), (lengths * (lengths - 1) / 2).float()
+    return (pos // 64).float(), (pos % 64).float()
+
+
+def aligned_loss_mask(loss: Tensor) -> Tensor:
+    """The loss mask moved to the next-token convention as a new float32 tensor:
+    ``torch.roll(loss, -1, dims=1)``, converted."""
+    if loss.numel() < SMALL:
+        return torch.roll(loss, -1, 1).float() if loss.dtype != torch.float32 \
+            else torch.roll(loss, -1, 1)
+    aligned = torch.empty(loss.shape, dtype=torch.float32, device=loss.device)
+    aligned[:, :-1].copy_(loss[:, 1:])  # one conversion pass instead of roll, then convert
+    aligned[:, -1].copy_(loss[:, 0])
+    return aligned
+
+
+class _MaskChecks:
+    """The mask checks of SPEC §1 as a few device reductions, decided after one host
+    transfer shared with the other checks of the batch.
+
+    Valid masks are 0/1, the attention mask is right-padded, generated tokens lie inside
+    it and column 0 is not generated. With ``att`` the attention mask and ``m`` the
+    aligned loss mask, both in float32 (each mask is read once: the aligned loss mask is
+    the module's ``loss_mask`` output), that is exactly: ``att`` in [0, 1]; ``m >= 0``;
+    ``m[:, t] <= att[:, t + 1]`` (so m <= 1 and every generated token is attended);
+    ``m[:, -1] = 0`` (column 0); integers (the dtype, or no fractions in float32);
+    attended positions summing to ``s(s-1)/2`` (the least sum of s distinct positions:
+    right padding). When any fails, :func:`_explain_mask_error` runs the checks one by
+    one, in the order the messages promise, to name the first failure.
     """
-    width = attention.shape[1]
-    att, active = attention.float(), loss.float()
-    seqlens = att.sum(dim=1)
-    # The s ones of a row sit at positions 0..s-1 exactly when their positions sum to
-    # s(s-1)/2; positions split as 64*hi + lo keep every partial sum exact in float32.
-    right_padded = False
-    if width <= 32768:
-        pos = torch.arange(width, device=att.device)
-        # two matrix-vector products: a [T, 2] matrix would take a much slower GEMM path
-        weighted = (att @ (pos // 64).float()).double() * 64 + (att @ (pos % 64).float()).double()
-        s = seqlens.double()
-        right_padded = bool((weighted == s * (s - 1) / 2).all())
-    if not right_padded:
-        on = attention.bool()
-        gaps = (on[:, 1:] & ~on[:, :-1]).any(dim=1)
-        if bool(gaps.any()):
-            _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
-                  f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
+
+    def __init__(self, attention: Tensor, loss: Tensor):
+        self.attention, self.loss = attention, loss
+        bs, width = attention.shape
+        att = _as_float32(attention)
+        self.aligned = aligned = aligned_loss_mask(loss)
+        seqlens = att.sum(dim=1)
+        self.lengths = lengths = seqlens.long()
+        if width <= EXACT_POSITION_SUMS:
+            positions, sums = _padding_weights(width, att.device)
+            # (clamped: an invalid mask must reach its error message, not an IndexError)
+            padding_error = torch.dist(att @ positions, sums[lengths.clamp(0, width)])
+        else:
+            s = seqlens.double()
+            if width <= 32768:  # positions split as 64*hi + lo keep each sum exact in float32
+                hi, lo = _padding_weights(width, att.device)
+                weighted = (att @ hi).double() * 64 + (att @ lo).double()
+            else:
+                weighted = att.double() @ torch.arange(width, device=att.device, dtype=torch.float64)
+            padding_error = torch.dist(weighted, s * (s - 1) / 2)
+        uncovered = scratch((bs, width - 1), torch.float32, att.device)
+        self.reductions = [
+            att.amin(), att.amax(), aligned.amin(), aligned[:, -1].amax(), padding_error,
+            torch.sub(att[:, 1:], aligned[:, :-1], out=uncovered).amin()]
+        for x in (attention, loss):
+            if x.is_floating_point():  # float masks must also have no fractions
+                self.reductions.append(_fractions(x).amax())
+
+    def check(self, values: list[float]) -> tuple[Tensor, Tensor]:
+        """Raise the first violated check; return seqlens [B] (long) and the aligned
+        float32 loss mask."""
+        att_low, att_high, loss_low, first_high, padding_error, uncovered = values[:6]
+        integral = all(v == 0 for v in values[6:]) and not any(
+            x.is_floating_point() and x.dtype != torch.float32 for x in (self.attention, self.loss))
+        if not (att_low >= 0 and att_high <= 1 and loss_low >= 0 and first_high <= 0
+                and uncovered >= 0 and padding_error == 0 and integral):
+            _explain_mask_error(self.attention, self.loss)
+        return self.lengths, self.aligned
+
+
+def _explain_mask_error(attention: Tensor, loss: Tensor) -> None:
+    """The mask checks one by one (slow, exact): raise the first that fails. The fast
+    checks may also land here for a float64/float16 mask, which only the exact
+    comparison can clear."""
+    for key, x in (("attention_mask", attention), ("loss_mask", loss)):
+        if x.dtype != torch.bool and not bool(((x == 0) | (x == 1)).all()):
+            _fail(key, "only 0 and 1", f"values {torch.unique(x)[:6].tolist()}")
+    on = attention.bool()
+    gaps = (on[:, 1:] & ~on[:, :-1]).any(dim=1)
+    if bool(gaps.any()):
+        _fail("attention_mask", "right padding only (1 on the first seqlen positions, then 0)",
+              f"gaps in rows {gaps.nonzero().flatten().tolist()[:10]}")
+    active, att = loss.double(), attention.double()
     outside = (active * att).sum(dim=1) != active.sum(dim=1)
     if bool(outside.any()):
         _fail("loss_mask", "generated tokens only where attention_mask is 1",
@@ -154,7 +236,12 @@ def _mask_structure(attention: Tensor, loss: Tensor) -> tuple[Tensor, Tensor]:
     if bool(active[:, 0].any()):
         _fail("loss_mask", "0 in column 0 (the first token is a prompt token; nothing predicts "
               "it)", f"1 in rows {active[:, 0].nonzero().flatten().tolist()[:10]}")
-    return seqlens.long(), active
+
+
+def _fractions(x: Tensor) -> Tensor:
+    """``ceil(x) - x`` (zero exactly where x is an integer; NaN stays NaN)."""
+    out = scratch(x.shape, x.dtype, x.device)
+    return torch.ceil(x, out=out).sub_(x)
 
 
 def _check_required(batch: Any) -> tuple[int, int, torch.device]:
@@ -179,9 +266,9 @@ def _check_required(batch: Any) -> tuple[int, int, torch.device]:
     return bs, width, ids.device
 
 
-def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.device) -> bool:
-    """A [B, T] mask, float or turn-id tensor on the batch's device. True for a log-prob
-    tensor with values above :data:`LOGP_TOLERANCE` somewhere (to check where they are)."""
+def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.device) -> None:
+    """A [B, T] mask, float or turn-id tensor on the batch's device (values are checked by
+    :func:`validate_batch`'s combined transfer)."""
     if not isinstance(x, Tensor):
         _fail(key, f"a tensor of shape [{bs}, {width}]", type(x).__name__)
     if tuple(x.shape) != (bs, width):
@@ -192,16 +279,12 @@ def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.dev
     if key in TOKEN_FLOAT_KEYS:
         if not x.is_floating_point():
             _fail(key, "a floating-point tensor", x.dtype)
-        if key in LOGP_KEYS:
-            return _check_finite_logp(key, x)
-        _check_finite(key, x)
     elif x.is_complex():
         _fail(key, "a real tensor", x.dtype)
     elif key == "turn_ids" and x.is_floating_point() and not bool((x == x.round()).all()):
         # Float ids (legacy data) are compared for equality when folding process
         # rewards; a NaN or fractional id would silently split or merge turns.
         _fail(key, "integer values (an integer dtype is best)", "NaN or fractional ids")
-    return False
 
 
 def _check_rewards(rewards: Any, bs: int, device: torch.device) -> None:
@@ -229,7 +312,10 @@ def _truncation(truncated: Any, seqlens: Tensor, bs: int, width: int,
         _fail("is_truncated", f"a tensor on {device}", truncated.device)
     if truncated.is_floating_point() or truncated.is_complex():
         _fail("is_truncated", "a bool or integer tensor", truncated.dtype)
-    _check_binary("is_truncated", truncated)
+    if truncated.dtype != torch.bool:
+        low, high = torch.stack(torch.aminmax(truncated)).tolist()
+        if not (low >= 0 and high <= 1):
+            _fail("is_truncated", "only 0 and 1", f"values {torch.unique(truncated)[:6].tolist()}")
     return truncated.bool()
 
 
@@ -252,30 +338,42 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta],
     (``positive_ref_prox_logp``; default: warn).
     """
     bs, width, device = _check_required(batch)
-    above_zero = [key for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",)
-                  if present(batch, key) and _check_token_tensor(key, batch[key], bs, width, device)]
-    for key in MASK_KEYS:
-        _check_binary(key, batch[key])
-    seqlens, loss_mask = _mask_structure(batch["attention_mask"], batch["loss_mask"])
+    for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
+        if present(batch, key):
+            _check_token_tensor(key, batch[key], bs, width, device)
+    # One host transfer for every [B, T] check: the float tensors' reductions and the
+    # mask reductions; the exact checks run only to name a failure.
+    float_keys = [key for key in TOKEN_FLOAT_KEYS if present(batch, key)]
+    reductions = [_float_reductions(key, batch[key]) for key in float_keys]
+    masks = _MaskChecks(batch["attention_mask"], batch["loss_mask"])
+    values = torch.stack([r for rs in reductions for r in rs] + masks.reductions).tolist()
+    above_zero = []
+    for key, rs in zip(float_keys, reductions):
+        if _check_float(key, batch[key], values[:len(rs)]):
+            above_zero.append(key)
+        values = values[len(rs):]
+    seqlens, aligned_loss_mask = masks.check(values)
     for key in above_zero:
         action = "raise" if key == "logprobs" else (
             config.positive_ref_prox_logp if config is not None else "warn")
-        _check_logp_range(key, batch[key], loss_mask, action)
+        # logprobs are token-aligned, ref_logp/prox_logp next-token aligned
+        read = batch["loss_mask"] if key == "logprobs" else aligned_loss_mask
+        _check_logp_range(key, batch[key], read, action)
     _check_rewards(batch["rewards"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)
     _report_near_miss_keys(batch)
-    return BatchFacts(bs, width, device, seqlens, truncated, loss_mask)
+    return BatchFacts(bs, width, device, seqlens, truncated, aligned_loss_mask)
 
 
-def _check_logp_range(key: str, x: Tensor, loss_mask: Tensor, action: str) -> None:
-    """Log-probs above :data:`LOGP_TOLERANCE` where the pipeline reads them: the generated
-    tokens for the token-aligned ``logprobs``, the positions predicting a generated token
-    for the next-token ``ref_logp``/``prox_logp``. Elsewhere anything finite is allowed
-    (masked out, as in the legacy code)."""
+def _check_logp_range(key: str, x: Tensor, read: Tensor, action: str) -> None:
+    """Log-probs above :data:`LOGP_TOLERANCE` where the pipeline reads them (``read``, 0/1
+    in ``x``'s alignment): the generated tokens for the token-aligned ``logprobs``, the
+    positions predicting a generated token for the next-token ``ref_logp``/``prox_logp``.
+    Elsewhere anything finite is allowed (masked out, as in the legacy code)."""
     if action == "ignore":
         return
-    active = loss_mask.bool() if key == "logprobs" else torch.roll(loss_mask.bool(), -1, dims=1)
+    active = read.bool()
     bad = active & (x > LOGP_TOLERANCE)
     if not bool(bad.any()):
         return

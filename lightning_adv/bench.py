@@ -1,60 +1,62 @@
-"""Side-by-side benchmark of the advantage kernels: ``python -m lightning_adv.bench``.
-
-For each batch size (B rows x T columns) and device, one run times, interleaved round by
-round so that a busy machine slows every entry alike:
-
-* ``clone``: ``clone()`` of the kernel's input tensors, the memory-bandwidth floor;
-* the reference loops of :mod:`lightning_adv.loops` (token positions, turn slots,
-  and the per-row pure-Python turn loop);
-* the fast kernels ``compute_token_gae`` (γλ = 1, γλ = 0.95 and a per-row λ tensor) and
-  ``compute_turn_gae``;
-* the whole ``AdvantageModule`` with the default ``ActorConfig()`` and with a GRPO
-  config (no KL, group-normalized rewards), on the rollout batch the kernel inputs come
-  from.
-
-The batch is built with :func:`lightning_adv.concat_batch` from prompts of 8 rows each: a
-prompt prefix, one to four generated turns separated by tool-output gaps, right padding,
-and one row in four running to the full width (truncated, so it bootstraps). Kernel
-inputs are that batch moved to the next-token convention, as the module does.
-
-Each entry is the median of its repeats; slow reference loops get fewer repeats at big
-sizes (the table says how many). Speed is reported here, never asserted in a test.
-"""
-
 from __future__ import annotations
 
 import argparse
 import cProfile
 import ctypes
+import datetime
+import os
+import platform
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_adv import (
-    ActorConfig, AdvantageModule, GAELambdaContext, NormConfig, compute_token_gae,
-    compute_turn_gae, concat_batch, vapo_length_adaptive_gae)
+    ActorConfig, AdvantageModule, GAELambdaContext, compute_token_gae, compute_turn_gae,
+    concat_batch, vapo_length_adaptive_gae)
 from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
+from lightning_adv.openmp import wait_policy_note
+from lightning_adv.recipes import recipe
+from lightning_adv.workspace import Workspace
 
 DEFAULT_SIZES = ((8, 512), (64, 2048), (256, 4096), (16, 16384))
+DEFAULT_THREADS = (1, 2)
 ROWS_PER_PROMPT = 8
 #: Time budget (seconds) for the repeats of one slow reference loop at one size.
 SLOW_BUDGET_S = 3.0
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = {
-    "token_vs_loop": 20.0,   # token GAE at least 20x the loop (at B=64, T=2048)
-    "token_vs_clone": 8.0,   # ... and within 8x of the clone
-    "turn_vs_row_loop": 5.0,  # turn GAE at least 5x the per-row loop
-    "module_vs_kernel": 2.0,  # the whole module at most 2x the bare kernel
+    "token_vs_loop": 20.0,     # token GAE at least 20x the loop (at B=64, T=2048)
+    "token_vs_clone": 8.0,     # ... and within 8x of the clone
+    "turn_vs_row_loop": 5.0,   # turn GAE at least 5x the per-row loop
+    "module_vs_kernel": 1.5,   # the whole module at most 1.5x its kernel call (3x at 8x512)
+    "module_vs_kernel_small": 3.0,
+    "peak_tensors": 20.0,      # peak memory of a module call, in [B, T] float32 tensors
 }
+#: A thread count whose time exceeds the first count's by more than this is flagged.
+SLOWER = 1.05
 
 
-# ---------------------------------------------------------------------------- inputs
+def module_configs() -> dict[str, ActorConfig]:
+    """The benchmarked module configs: the default, ``configs/ppo.yaml``'s actor (when the
+    source tree is at hand) and the ``grpo`` recipe."""
+    configs = {"default": ActorConfig()}
+    path = ROOT / "configs" / "ppo.yaml"
+    if path.exists():
+        import yaml
+
+        configs["ppo.yaml"] = ActorConfig(**yaml.safe_load(path.read_text())["model"]["actor"])
+    configs["GRPO"] = recipe("grpo")
+    return configs
 
 
 def _prompt_rows(rows: int, width: int, gen: torch.Generator) -> dict[str, Tensor]:
@@ -143,6 +145,7 @@ class Case:
     name: str
     fn: Callable[[], object]
     slow: bool = False
+    threads: Optional[int] = None
     times: list[float] = field(default_factory=list)
     repeats: int = 0
 
@@ -151,11 +154,13 @@ class Case:
         return statistics.median(self.times)
 
 
-def _time_once(fn: Callable[[], object], device: torch.device) -> float:
+def _time_once(case: Case, device: torch.device) -> float:
+    if case.threads is not None and torch.get_num_threads() != case.threads:
+        torch.set_num_threads(case.threads)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    fn()
+    case.fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
@@ -166,19 +171,31 @@ def run_cases(cases: Sequence[Case], repeats: int, device: torch.device) -> None
     time round by round, every case once per round (slow ones until their repeats end)."""
     for case in cases:
         if case.slow:
-            case.times.append(_time_once(case.fn, device))
+            case.times.append(_time_once(case, device))
             case.repeats = max(1, min(repeats, int(SLOW_BUDGET_S / case.times[0])))
         else:
             for _ in range(2):
-                _time_once(case.fn, device)
+                _time_once(case, device)
             case.repeats = repeats
-    for round_ in range(repeats):
+    for _ in range(repeats):
         for case in cases:
             if len(case.times) < case.repeats:
-                case.times.append(_time_once(case.fn, device))
+                case.times.append(_time_once(case, device))
 
 
-def bench_size(bs: int, width: int, device: torch.device, repeats: int) -> dict[str, Case]:
+def _with_workspace(fn: Callable[[], object]) -> Callable[[], object]:
+    workspace = Workspace()
+
+    def run() -> object:
+        with workspace.active():
+            return fn()
+    return run
+
+
+def bench_size(bs: int, width: int, device: torch.device, repeats: int,
+               threads: Sequence[Optional[int]] = (None,),
+               configs: Optional[dict[str, ActorConfig]] = None) -> dict[Optional[int], dict[str, Case]]:
+    """Every case at every thread count, interleaved; ``{threads: {name: case}}``."""
     x = realistic_inputs(bs, width, device)
     token_args = (x.rewards, x.values, x.loss_mask)
     turn_args = (x.rewards, x.values, x.loss_mask, x.turn_ids)
@@ -190,24 +207,138 @@ def bench_size(bs: int, width: int, device: torch.device, repeats: int) -> dict[
     def turn(fn, lam):
         return lambda: fn(*turn_args, bootstrap_values=x.bootstrap, discount=1.0, gae_lambda=lam)
 
-    default = AdvantageModule(ActorConfig())
-    grpo = AdvantageModule(ActorConfig(
-        kl_ctl=0.0, reward_norm=NormConfig(mean_level="group", std_level="group")))
-    cases = [
-        Case("clone_token", lambda: [t.clone() for t in (*token_args, x.bootstrap)]),
-        Case("clone_turn", lambda: [t.clone() for t in (*turn_args, x.bootstrap)]),
-        Case("token_fast_1", token(compute_token_gae, 1.0)),
-        Case("token_fast_095", token(compute_token_gae, 0.95)),
-        Case("token_fast_row", token(compute_token_gae, x.row_lambda)),
-        Case("turn_fast", turn(compute_turn_gae, 0.95)),
-        Case("module_default", lambda: default(x.batch, x.meta)),
-        Case("module_grpo", lambda: grpo(x.batch, x.meta)),
-        Case("token_loop", token(token_gae_loop, 0.95), slow=True),
-        Case("turn_slot_loop", turn(turn_gae_loop, 0.95), slow=True),
-        Case("turn_row_loop", turn(turn_gae_per_row, 0.95), slow=True),
-    ]
-    run_cases(cases, repeats, device)
-    return {c.name: c for c in cases}
+    configs = module_configs() if configs is None else configs
+    by_threads: dict[Optional[int], dict[str, Case]] = {}
+    for count in threads:
+        cases = [
+            Case("clone_token", lambda: [t.clone() for t in (*token_args, x.bootstrap)]),
+            Case("clone_turn", lambda: [t.clone() for t in (*turn_args, x.bootstrap)]),
+            Case("token_fast_1", token(compute_token_gae, 1.0)),
+            Case("token_fast_095", token(compute_token_gae, 0.95)),
+            Case("token_fast_row", token(compute_token_gae, x.row_lambda)),
+            Case("turn_fast", turn(compute_turn_gae, 0.95)),
+            Case("token_reused_1", _with_workspace(token(compute_token_gae, 1.0))),
+            Case("token_reused_095", _with_workspace(token(compute_token_gae, 0.95))),
+        ]
+        for name, config in configs.items():
+            module = AdvantageModule(config)
+            cases.append(Case(f"module {name}", lambda m=module: m(x.batch, x.meta)))
+        if count == threads[0]:
+            cases += [Case("token_loop", token(token_gae_loop, 0.95), slow=True),
+                      Case("turn_slot_loop", turn(turn_gae_loop, 0.95), slow=True),
+                      Case("turn_row_loop", turn(turn_gae_per_row, 0.95), slow=True)]
+        for case in cases:
+            case.threads = count
+        by_threads[count] = {case.name: case for case in cases}
+    run_cases([c for cases in by_threads.values() for c in cases.values()], repeats, device)
+    return by_threads
+
+
+SCALING_ROWS = 16
+SCALING_WIDTHS = (2048, 4096, 8192, 16384, 32768)
+#: Target: at most this factor per doubling of T (linear time, some cache effects).
+PER_DOUBLING = 2.3
+
+
+def bench_scaling(device: torch.device, repeats: int,
+                  widths: Optional[Sequence[int]] = None) -> dict[int, dict[str, Case]]:
+    """The token kernel at B = 16 and growing T, interleaved: ``{T: {name: case}}``."""
+    by_width: dict[int, dict[str, Case]] = {}
+    for width in SCALING_WIDTHS if widths is None else widths:
+        x = realistic_inputs(SCALING_ROWS, width, device)
+        args = (x.rewards, x.values, x.loss_mask)
+
+        def token(lam, args=args, x=x):
+            return lambda: compute_token_gae(*args, bootstrap_values=x.bootstrap, discount=1.0,
+                                             gae_lambda=lam)
+        cases = [Case("clone_token", lambda args=args: [t.clone() for t in args]),
+                 Case("token_fast_1", token(1.0)), Case("token_fast_095", token(0.95)),
+                 Case("token_reused_1", _with_workspace(token(1.0))),
+                 Case("token_reused_095", _with_workspace(token(0.95)))]
+        by_width[width] = {case.name: case for case in cases}
+    run_cases([c for cases in by_width.values() for c in cases.values()], repeats, device)
+    return by_width
+
+
+def scaling_report(by_width: dict[int, dict[str, Case]]) -> str:
+    names = ["clone_token", "token_fast_1", "token_fast_095", "token_reused_1", "token_reused_095"]
+    lines = [f"### Kernel time against T (B = {SCALING_ROWS}): time and ratio to the previous T "
+             f"(target ≤{PER_DOUBLING}× per doubling)\n"]
+    rows, previous = [], None
+    for width, cases in by_width.items():
+        cells = [str(width)]
+        for name in names:
+            cell = _fmt_time(cases[name].median)
+            if previous is not None:
+                ratio = cases[name].median / previous[name].median
+                mark = "" if name == "clone_token" else (" ✓" if ratio <= PER_DOUBLING else " ✗")
+                cell += f" ({ratio:.2f}×{mark})"
+            cells.append(cell)
+        rows.append(cells)
+        previous = cases
+    return "\n".join(lines + _table(["T"] + names, rows) + [""])
+
+
+def kernel_case(config: ActorConfig) -> str:
+    """The bare kernel call a module config makes (its token GAE at its γλ)."""
+    coef = config.discount * config.gae_lambda
+    return "token_fast_1" if coef == 1.0 else "token_fast_095"
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+class _HeapPeak(TorchDispatchMode):
+    """The largest heap in use (glibc ``mallinfo2``) after any torch operation inside."""
+
+    def __init__(self, in_use: Callable[[], int]):
+        super().__init__()
+        self.in_use = in_use
+        self.peak = in_use()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.in_use())
+        return out
+
+
+def _heap_in_use() -> Optional[Callable[[], int]]:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2.restype = MallInfo2
+
+    def in_use() -> int:
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd
+    return in_use
+
+
+def module_peak_tensors(module: AdvantageModule, x: "Inputs") -> Optional[float]:
+    """Peak memory of one module call in [B, T] float32 tensors: the largest heap growth
+    during the call (sampled after every torch operation; outputs included) plus the
+    scratch memory the module keeps between calls. CPU and glibc only."""
+    in_use = _heap_in_use()
+    if in_use is None or x.loss_mask.device.type != "cpu":
+        return None
+    module(x.batch, x.meta)  # warm: the workspace holds its buffers
+    growth = []
+    for _ in range(3):  # the least of three: other allocations of the process are noise
+        before = in_use()
+        with _HeapPeak(in_use) as probe:
+            out = module(x.batch, x.meta)
+        del out
+        growth.append(probe.peak - before)
+    one = x.loss_mask.numel() * 4
+    return (min(growth) + module.workspaces.nbytes) / one
 
 
 # ---------------------------------------------------------------------------- report
@@ -222,70 +353,128 @@ def _fmt_time(seconds: float) -> str:
 
 
 def _fmt_ratio(value: float, target: Optional[float] = None, at_least: bool = True) -> str:
-    text = f"{value:.1f}×" if value < 100 else f"{value:.0f}×"
+    text = f"{value:.2f}×" if value < 10 else (f"{value:.1f}×" if value < 100 else f"{value:.0f}×")
     if target is None:
         return text
     ok = value >= target if at_least else value <= target
     return f"{text} {'✓' if ok else '✗'}"
 
 
-TIME_COLUMNS = [
+KERNEL_COLUMNS = [
     ("clone_token", "clone (token inputs)"),
     ("token_loop", "token loop"),
     ("token_fast_1", "token fast γλ=1"),
     ("token_fast_095", "token fast γλ=0.95"),
+    ("token_reused_1", "token reused γλ=1"),
+    ("token_reused_095", "token reused γλ=0.95"),
     ("token_fast_row", "token fast λ[B]"),
     ("clone_turn", "clone (turn inputs)"),
     ("turn_row_loop", "turn per-row loop"),
     ("turn_slot_loop", "turn slot loop"),
     ("turn_fast", "turn fast"),
-    ("module_default", "module default"),
-    ("module_grpo", "module GRPO"),
 ]
 
 
-def report(results: dict[tuple[str, int, int], dict[str, Case]]) -> str:
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + \
+        ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def report(results: dict[tuple[str, int, int], dict[Optional[int], dict[str, Case]]],
+           peaks: Optional[dict[tuple[str, int, int], dict[str, Optional[float]]]] = None,
+           configs: Optional[dict[str, ActorConfig]] = None) -> str:
+    """Markdown tables: times, kernel ratios, module ratios (and peak memory), and threads."""
+    configs = module_configs() if configs is None else configs
+    peaks = peaks or {}
     lines = []
     for device in dict.fromkeys(key[0] for key in results):
-        rows = [(key, cases) for key, cases in results.items() if key[0] == device]
-        lines.append(f"### {device}\n")
-        lines.append("Median wall time per call (repeats of the slow loops in brackets).\n")
-        lines.append("| B×T | " + " | ".join(title for _, title in TIME_COLUMNS) + " |")
-        lines.append("|---" * (len(TIME_COLUMNS) + 1) + "|")
-        for (_, bs, width), cases in rows:
-            cells = []
-            for name, _ in TIME_COLUMNS:
-                case = cases[name]
-                cell = _fmt_time(case.median)
-                if case.slow:
-                    cell += f" ({len(case.times)})"
-                cells.append(cell)
-            lines.append(f"| {bs}×{width} | " + " | ".join(cells) + " |")
-        lines.append("")
-        lines.append("Ratios, ✓/✗ against the targets (set at 64×2048 for the token kernel, "
-                     "shown at every size); \"kernel\" is the token kernel at γλ=1, the "
-                     "estimator both module configs run.\n")
-        lines.append("| B×T | token loop ÷ fast, γλ=0.95 (≥20×) | token fast ÷ clone, γλ=0.95 (≤8×) | "
-                     "token fast ÷ clone, γλ=1 (≤8×) | turn per-row loop ÷ fast (≥5×) | "
-                     "turn slot loop ÷ fast | module default ÷ kernel (≤2×) | "
-                     "module GRPO ÷ kernel (≤2×) |")
-        lines.append("|---" * 8 + "|")
-        for (_, bs, width), c in rows:
-            m = {name: case.median for name, case in c.items()}
-            lines.append("| " + " | ".join([
-                f"{bs}×{width}",
-                _fmt_ratio(m["token_loop"] / m["token_fast_095"], TARGETS["token_vs_loop"]),
-                _fmt_ratio(m["token_fast_095"] / m["clone_token"], TARGETS["token_vs_clone"], False),
-                _fmt_ratio(m["token_fast_1"] / m["clone_token"], TARGETS["token_vs_clone"], False),
-                _fmt_ratio(m["turn_row_loop"] / m["turn_fast"], TARGETS["turn_vs_row_loop"]),
-                _fmt_ratio(m["turn_slot_loop"] / m["turn_fast"]),
-                _fmt_ratio(m["module_default"] / m["token_fast_1"], TARGETS["module_vs_kernel"],
-                           False),
-                _fmt_ratio(m["module_grpo"] / m["token_fast_1"], TARGETS["module_vs_kernel"],
-                           False),
-            ]) + " |")
-        lines.append("")
+        sizes = [key for key in results if key[0] == device]
+        thread_counts = list(results[sizes[0]])
+        for count in thread_counts:
+            label = f"{device}, {count} thread{'s' * (count != 1)}" if count else device
+            lines.append(f"### {label}\n")
+            lines.append("Median wall time per call (repeats of the slow loops in brackets); "
+                         "\"reused\": the kernel's temporaries kept from call to call.\n")
+            rows = []
+            for key in sizes:
+                cases = results[key][count]
+                cells = [f"{key[1]}×{key[2]}"]
+                for name, _ in KERNEL_COLUMNS:
+                    case = cases.get(name)
+                    if case is None:
+                        cells.append("")
+                        continue
+                    cell = _fmt_time(case.median)
+                    cells.append(cell + (f" ({len(case.times)})" if case.slow else ""))
+                rows.append(cells)
+            lines += _table(["B×T"] + [title for _, title in KERNEL_COLUMNS], rows) + [""]
+            lines.append("Kernel ratios, ✓/✗ against the targets (set at 64×2048 and above for "
+                         "the clone ratios, shown at every size).\n")
+            first = results[sizes[0]][thread_counts[0]]
+            rows = []
+            for key in sizes:
+                m = {n: c.median for n, c in results[key][count].items()}
+                loops = {n: c.median for n, c in results[key][thread_counts[0]].items()}
+                rows.append([f"{key[1]}×{key[2]}",
+                             _fmt_ratio(loops["token_loop"] / m["token_fast_095"],
+                                        TARGETS["token_vs_loop"]),
+                             *[_fmt_ratio(m[n] / m["clone_token"], TARGETS["token_vs_clone"], False)
+                               for n in ("token_fast_1", "token_fast_095", "token_reused_1",
+                                         "token_reused_095")],
+                             _fmt_ratio(loops["turn_row_loop"] / m["turn_fast"],
+                                        TARGETS["turn_vs_row_loop"]),
+                             _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"])])
+            del first
+            lines += _table(["B×T", "token loop ÷ fast, γλ=0.95 (≥20×)",
+                             "fast ÷ clone, γλ=1 (≤8×)", "fast ÷ clone, γλ=0.95 (≤8×)",
+                             "reused ÷ clone, γλ=1 (≤8×)", "reused ÷ clone, γλ=0.95 (≤8×)",
+                             "turn per-row loop ÷ fast (≥5×)", "turn slot loop ÷ fast"], rows)
+            lines.append("")
+            lines.append("The module against the kernel call it makes (the token kernel at its "
+                         "γλ: 1 for default and GRPO, 0.95 for ppo.yaml), bare and with reused "
+                         "temporaries; target ≤1.5× (≤3× at 8×512). Peak: the most memory one "
+                         "call holds (outputs and kept scratch included), in [B, T] float32 "
+                         "tensors (target ≤20).\n")
+            rows = []
+            for key in sizes:
+                m = {n: c.median for n, c in results[key][count].items()}
+                target = TARGETS["module_vs_kernel_small"] if key[1] * key[2] <= 8 * 512 \
+                    else TARGETS["module_vs_kernel"]
+                for name, config in configs.items():
+                    kernel = kernel_case(config)
+                    reused = kernel.replace("fast", "reused")
+                    peak = peaks.get(key, {}).get(name)
+                    rows.append([f"{key[1]}×{key[2]}", name, _fmt_time(m[f"module {name}"]),
+                                 _fmt_ratio(m[f"module {name}"] / m[kernel], target, False),
+                                 _fmt_ratio(m[f"module {name}"] / m[reused], target, False),
+                                 "" if peak is None else
+                                 f"{peak:.1f} {'✓' if peak <= TARGETS['peak_tensors'] else '✗'}"])
+            lines += _table(["B×T", "config", "module", "÷ bare kernel", "÷ reused kernel",
+                             "peak [B,T] f32"], rows) + [""]
+        if len(thread_counts) > 1:
+            lines += _thread_table(results, sizes, thread_counts)
     return "\n".join(lines)
+
+
+THREAD_CASES = ("clone_token", "token_fast_1", "token_fast_095", "token_reused_095",
+                "turn_fast")
+
+
+def _thread_table(results, sizes, thread_counts) -> list[str]:
+    base = thread_counts[0]
+    names = list(THREAD_CASES) + [n for n in results[sizes[0]][base] if n.startswith("module ")]
+    lines = [f"### threads: time with more threads ÷ time with {base}\n",
+             f"⚠ marks a case that is slower with more threads (by more than "
+             f"{100 * (SLOWER - 1):.0f}%).\n"]
+    rows = []
+    for key in sizes:
+        for count in thread_counts[1:]:
+            cells = [f"{key[1]}×{key[2]}", str(count)]
+            for name in names:
+                ratio = results[key][count][name].median / results[key][base][name].median
+                cells.append(f"{ratio:.2f}" + (" ⚠" if ratio > SLOWER else ""))
+            rows.append(cells)
+    return lines + _table(["B×T", "threads"] + names, rows) + [""]
 
 
 #: The pipeline steps of ``AdvantageModule.forward`` as (file suffix, function name).
@@ -359,6 +548,20 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
+def machine_note() -> str:
+    """Machine, date and load, for the header of a run."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{model}, {os.cpu_count()} cores, {datetime.date.today().isoformat()}, "
+            f"load average {load:.2f}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_adv.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -371,19 +574,32 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              f"{SLOW_BUDGET_S:g} s each)")
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all",
                         help="'all' = CPU, plus CUDA when available")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, nargs="+", default=list(DEFAULT_THREADS),
+                        help="torch CPU thread counts, timed side by side (default: 1 2)")
     parser.add_argument("--profile-module", action="store_true",
                         help="also print where AdvantageModule spends its time, step by step "
                              "(cProfile, CPU, the largest size)")
     parser.add_argument("--tune-malloc", action="store_true",
                         help="keep freed memory in the process (glibc mallopt), so large "
                              "temporaries are not page-faulted in on every call")
+    parser.add_argument("--no-scaling", dest="scaling", action="store_false",
+                        help=f"skip the kernel-against-T series (B = {SCALING_ROWS}, T = "
+                             f"{SCALING_WIDTHS[0]}..{SCALING_WIDTHS[-1]}, first thread count)")
+    parser.add_argument("--trainer", action="store_true",
+                        help="benchmark the trainer's step instead (python -m "
+                             "lightning_adv.bench_trainer; the other arguments go to it, e.g. "
+                             "--trainer --steps 20 --threads 1 2)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--trainer" in argv:  # the rest of the arguments are the trainer benchmark's
+        from lightning_adv import bench_trainer
+
+        bench_trainer.main([a for a in argv if a != "--trainer"])
+        return
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if any(t < 1 for t in args.threads):
+        parser.error("--threads: thread counts must be at least 1")
     tuned = tune_malloc() if args.tune_malloc else False
     if args.tune_malloc and not tuned:
         parser.error("--tune-malloc: glibc mallopt is not available here")
@@ -394,27 +610,39 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         devices.append(torch.device("cuda"))
     if args.device == "cuda" and not devices:
         parser.error("--device cuda: CUDA is not available")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+    print(f"{machine_note()}; torch {torch.__version__}, threads {' and '.join(map(str, args.threads))}"
           + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
           + f", {args.repeats} repeats"
           + (", glibc malloc tuned (--tune-malloc)" if tuned else ", default allocator")
-          + "\n", flush=True)
-    results = {}
+          + f"; {wait_policy_note()}\n", flush=True)
+    configs = module_configs()
+    results, peaks = {}, {}
     for device in devices:
         for bs, width in args.sizes:
             print(f"{device.type} {bs}x{width} ...", flush=True)
-            results[(device.type, bs, width)] = bench_size(bs, width, device, args.repeats)
-    print()
-    print(report(results))
+            key = (device.type, bs, width)
+            results[key] = bench_size(bs, width, device, args.repeats, args.threads, configs)
+            x = realistic_inputs(bs, width, device)
+            peaks[key] = {name: module_peak_tensors(AdvantageModule(config), x)
+                          for name, config in configs.items()}
+    scaling = None
+    if args.scaling:
+        torch.set_num_threads(args.threads[0])
+        print(f"cpu scaling B={SCALING_ROWS} ...", flush=True)
+        scaling = bench_scaling(torch.device("cpu"), args.repeats)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}\n")
+    print(report(results, peaks, configs))
+    if scaling is not None:
+        print(scaling_report(scaling))
     if args.profile_module:
+        torch.set_num_threads(args.threads[0])
         bs, width = max(args.sizes, key=lambda size: size[0] * size[1])
         x = realistic_inputs(bs, width, torch.device("cpu"))
-        grpo = ActorConfig(kl_ctl=0.0, reward_norm=NormConfig(mean_level="group", std_level="group"))
         print(f"### AdvantageModule by pipeline step (cpu, {bs}×{width}, cProfile, per call)\n")
         print("| config | step | time | share |")
         print("|---|---|---|---|")
-        print(profile_module("default", AdvantageModule(ActorConfig()), x, args.repeats))
-        print(profile_module("GRPO", AdvantageModule(grpo), x, args.repeats))
+        for name, config in configs.items():
+            print(profile_module(name, AdvantageModule(config), x, args.repeats))
         print()
 
 

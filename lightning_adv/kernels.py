@@ -57,6 +57,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
+from lightning_adv.workspace import scratch
+
 Lambda = Union[float, Tensor]
 
 #: Largest ``chunk·|ln γλ|`` of the rescaled sums: the factors ``c**±q`` (``q <= chunk``)
@@ -132,7 +134,11 @@ def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
     if loss_mask.is_complex():
         raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got dtype {loss_mask.dtype}")
     if loss_mask.is_floating_point():
-        bad = bool(torch.addcmul(loss_mask, loss_mask, loss_mask, value=-1).any())
+        # (min and max of m - m·m: two vectorized reductions, where .any() over a float
+        # tensor is a comparison pass and a boolean pass, and an inf-norm is not vectorized)
+        off = torch.addcmul(loss_mask, loss_mask, loss_mask, value=-1,
+                            out=scratch(loss_mask.shape, loss_mask.dtype, loss_mask.device))
+        bad = off.numel() > 0 and torch.stack([off.amin(), off.amax()]).tolist() != [0.0, 0.0]
     else:  # integers are 0/1 exactly when they lie in [0, 1]
         low, high = torch.stack(torch.aminmax(loss_mask)).tolist()
         bad = not 0 <= low <= high <= 1
@@ -334,30 +340,41 @@ def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, bootstrap: Tensor
     ``δ_t = r_t + γ·V_next(t) - V_t`` uses the value of the next active step, or
     ``bootstrap`` after a row's last one; the advantage at an inactive step is that of the
     next active step (0 after the last one). ``mask`` is 0/1 in the dtype of ``rewards``;
-    ``last_is_step=False`` treats the last column as inactive whatever its mask.
+    ``last_is_step=False`` treats the last column as inactive whatever its mask. Returns
+    a new ``out_dtype`` tensor.
 
-    On CPU the cost is dominated by full-size temporaries (each new [B, N] buffer is fresh
-    memory to fault in), so intermediate results are updated in place where possible.
+    On CPU the cost is dominated by full-size passes and fresh memory: temporaries come
+    from :func:`~lightning_adv.workspace.scratch` (reused memory inside an
+    ``AdvantageModule``) and are updated in place; integer arithmetic over [B, N] (several
+    times slower than float arithmetic there) is avoided: counts are read through views.
     """
     bs, n = mask.shape
     if mask.numel() == 0:
         return rewards.new_zeros((bs, n), dtype=out_dtype)
-    on = mask.bool().long()
+    device = mask.device
+    active = mask.bool()
     if not last_is_step:
-        on[:, -1] = 0
+        active[:, -1] = False
     # counts[:, t] = active steps in [0, t): the rank of step t if it is active, else the
-    # rank of the next active step; counts[:, n] is the row's number of active steps.
-    counts = on.new_zeros(bs, n + 1)
-    torch.cumsum(on, dim=1, out=counts[:, 1:])
+    # rank of the next active step; counts[:, t + 1] is then the rank of the step after
+    # t's next value, and counts[:, n] the row's number of active steps.
+    counts = scratch((bs, n + 1), torch.long, device)
+    counts[:, 0] = 0
+    counts[:, 1:].copy_(active)
+    counts.cumsum_(1)
     # The value of each rank (slot = rank), with the bootstrap value in the slot after the
-    # last rank; counts[:, t + 1] is then the slot of step t's next value. Inactive steps
-    # write to scratch slots past slot n that are never read (neighbours may share one):
-    # a plain scatter is several times cheaper than a masked scatter_add on CPU.
-    slots = on.mul_(-(n + 1)).add_(counts[:, :n]).add_(n + 1)
-    by_rank = values.new_zeros(bs, 2 * n + 2).scatter_(1, slots, values)
-    by_rank.scatter_(1, counts[:, n:], bootstrap[:, None])
+    # last rank; inactive steps write to spare slots past n that are never read
+    # (neighbours may share one). Slots 0..Q (Q active steps) are all written, so the
+    # table needs no zeros; a plain scatter is cheaper than a scatter_add over the
+    # inactive steps on CPU.
+    slots = scratch((bs, n), torch.long, device).copy_(active)
+    torch.add(counts[:, :n], slots, alpha=-(n + 1), out=slots).add_(n + 1)
+    by_rank = scratch((bs, 2 * n + 2), values.dtype, device)
+    by_rank.scatter_(1, slots, values)
+    by_rank.scatter_(1, counts[:, n:], bootstrap[:, None].to(values.dtype))
+    del slots
     # δ = r + γ·V_next - V: the loop's operations, rounded the same way.
-    deltas = by_rank.gather(1, counts[:, 1:])
+    deltas = torch.gather(by_rank, 1, counts[:, 1:], out=scratch((bs, n), values.dtype, device))
     if discount != 1.0:
         deltas.mul_(discount)
     deltas.add_(rewards).sub_(values).mul_(mask)
@@ -371,19 +388,18 @@ def _masked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor],
     """``A_t = a_t·A_{t+1} + δ_t`` with ``a_t = c`` on active steps and 1 elsewhere, ``A_N = 0``.
 
     ``deltas`` is zero at inactive steps; ``counts`` as in :func:`_masked_gae`; ``c`` is a
-    float or a [B] float64 tensor. Sums run in float64; the result is ``out_dtype``.
+    float or a [B] float64 tensor. Sums run in float64; the result is a new ``out_dtype``
+    tensor.
     """
     if isinstance(coef, float):
         if coef == 1.0:
-            # Plain suffix sums: no rescaling, no chunks (float64 keeps thousands of terms
-            # exact to ~1e-13).
-            return deltas.flip(1).double().cumsum_(1).to(out_dtype).flip(1)
+            return _suffix_sums(deltas, out_dtype)
         if coef == 0.0:
             # Every active step stands alone: A_t = δ at the first active step >= t.
             # δ is zero at inactive steps, so summing every step into its rank's slot
             # leaves each active δ alone there.
-            n = deltas.shape[1]
-            by_rank = deltas.new_zeros(deltas.shape[0], n + 1)
+            bs, n = deltas.shape
+            by_rank = scratch((bs, n + 1), deltas.dtype, deltas.device).zero_()
             by_rank.scatter_add_(1, counts[:, :n], deltas)
             return by_rank.gather(1, counts[:, :n]).to(out_dtype)
         if not MIN_CHUNKED_COEF <= abs(coef) <= 1.0:
@@ -395,12 +411,28 @@ def _masked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor],
     # The chunk size depends on the smallest safe |γλ|, and the exact scan runs only on the
     # unsafe rows: one host sync for both, and only with a λ tensor.
     n_unsafe, log_span = torch.stack([(~safe).sum().to(log_span.dtype), log_span]).tolist()
+    exact = None
+    if n_unsafe:  # before the chunked scan, which overwrites counts
+        rows = (~safe).nonzero().flatten()
+        exact = _exact_scan(deltas[rows], counts[rows], coef[rows][:, None])
     adv = _chunked_scan(deltas, counts, torch.where(safe, coef, 1.0), _chunk_size(log_span),
                         torch.float64)
-    if n_unsafe:
-        rows = (~safe).nonzero().flatten()
-        adv[rows] = _exact_scan(deltas[rows], counts[rows], coef[rows][:, None])
+    if exact is not None:
+        adv[rows] = exact
     return adv.to(out_dtype)
+
+
+def _suffix_sums(deltas: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """γλ = 1: ``A_t = sum_{u >= t} δ_u`` as the row total minus the prefix before t, from
+    one float64 cumulative sum (no flips; float64 keeps the difference exact to
+    ``T·eps·max|δ|``, far below the inputs' float32 rounding)."""
+    bs, n = deltas.shape
+    prefix = scratch((bs, n + 1), torch.float64, deltas.device)
+    prefix[:, 0] = 0
+    prefix[:, 1:].copy_(deltas)
+    prefix[:, 1:].cumsum_(1)
+    suffix = prefix[:, :n].neg_().add_(prefix[:, n:])
+    return torch.empty((bs, n), dtype=out_dtype, device=deltas.device).copy_(suffix)
 
 
 def _chunk_size(log_span: float) -> int:
@@ -421,39 +453,55 @@ def _chunked_scan(deltas: Tensor, counts: Tensor, coef: Union[float, Tensor], ch
     ``chunk·eps·max|δ|``: negligible in float64, 1e-5 or worse in float32. Why chunks:
     ``c**±q`` must stay inside float64's range, so ``chunk·|ln c| <= 600``; γλ near 1 fits
     a whole row in one chunk (0.95: 11 000 steps), smaller γλ needs more chunks and carries.
+
+    Chunks are equal except the first, which takes the remainder: in the flipped row the
+    whole chunks are then one ``[B, n_chunks, chunk]`` view, so each pass is one
+    whole-tensor operation, with no padding. ``counts`` and ``deltas`` are overwritten.
     """
     bs, n = deltas.shape
+    device = deltas.device
     n_chunks = -(-n // max(1, chunk))
-    chunk = -(-n // n_chunks)                 # equal chunks: the least padding
-    n_pad = n_chunks * chunk
-    exponents = torch.arange(chunk + 1, device=deltas.device, dtype=torch.float64)
+    chunk = -(-n // n_chunks)                 # near-equal chunks: the shortest carries
+    head = n - (n_chunks - 1) * chunk         # the first chunk's length, 1..chunk
+    exponents = torch.arange(chunk + 1, device=device, dtype=torch.float64)
     if isinstance(coef, Tensor):
         powers = coef[:, None] ** exponents                      # [B, chunk + 1]
     else:
         powers = (coef ** exponents).expand(bs, chunk + 1)
-    if n_chunks == 1:
-        scale = powers.gather(1, counts[:, :n])                  # c**q_t
-        # copy=True: a float64 caller's deltas must survive (the exact-scan rows reuse them)
-        sums = deltas.to(torch.float64, copy=True).mul_(scale).flip(1).cumsum_(1).flip(1)
-        return sums.div_(scale).to(out_dtype)
-    # Padding steps are inactive: δ = 0 and the count stays at the row's total.
-    deltas = torch.nn.functional.pad(deltas, (0, n_pad - n))
-    counts = torch.cat([counts[:, :n], counts[:, n:].expand(bs, n_pad - n + 1)], dim=1)
-    starts = counts[:, ::chunk]                                  # [B, n_chunks + 1]
-    local = counts[:, :n_pad].view(bs, n_chunks, chunk) - starts[:, :-1, None]
-    scale = powers.gather(1, local.view(bs, n_pad))
-    # Flipping whole rows keeps the flips on contiguous 2-D tensors; chunk k of the flipped
-    # row is chunk n_chunks-1-k reversed, so its cumulative sums are the suffix sums.
-    sums = deltas.double().mul_(scale).flip(1).view(bs, n_chunks, chunk).cumsum_(2)
-    sums = sums.view(bs, n_pad).flip(1).view(bs, n_chunks, chunk)
-    decay = powers.gather(1, starts[:, 1:] - starts[:, :-1])     # c**J per chunk
-    # The advantage at each chunk start: A_i = c**J_i · A_{i+1} + sums_i[0]; chunk i
-    # receives c**J_i · A_{i+1}.
-    chunk_adv = _affine_suffix_scan(decay, sums[:, :, 0])
-    decay[:, :-1] *= chunk_adv[:, 1:]
-    decay[:, -1] = 0
-    sums = sums.add_(decay[:, :, None]).view(bs, n_pad).div_(scale)
-    return sums[:, :n].to(out_dtype)
+    # Each step's exponent: its count from the start of its chunk (in place in counts).
+    if n_chunks > 1:
+        starts = torch.cat([counts[:, :1], counts[:, head:n:chunk]], dim=1)  # [B, n_chunks]
+        active_per_chunk = torch.cat([starts[:, 1:], counts[:, n:]], dim=1) - starts
+        counts[:, head:n].view(bs, n_chunks - 1, chunk).sub_(starts[:, 1:, None])
+    # Everything runs on flipped rows, where a chunk's suffix sums are cumulative sums:
+    # the exponents and the deltas are flipped on the way in (a long and a float32 flip),
+    # the result on the way out (its flip is the output's fresh memory).
+    scale = torch.gather(powers, 1, counts[:, :n].flip(1),
+                         out=scratch((bs, n), torch.float64, device))  # c**q, flipped
+    sums = scratch((bs, n), torch.float64, device).copy_(deltas.flip(1)).mul_(scale)
+    tail = n - head                           # the whole chunks, first in the flipped row
+    if n_chunks > 1:
+        whole = sums[:, :tail].view(bs, n_chunks - 1, chunk)
+        whole.cumsum_(2)
+        sums[:, tail:].cumsum_(1)
+        # The sum over each chunk, in row order: the head's (last in the flipped row),
+        # then the whole chunks'.
+        chunk_sums = torch.cat([sums[:, n - 1:], whole[:, :, -1].flip(1)], dim=1)
+        decay = powers.gather(1, active_per_chunk)               # c**J per chunk
+        # The advantage at each chunk start: A_i = c**J_i · A_{i+1} + sum_i; chunk i
+        # receives c**J_i · A_{i+1}.
+        chunk_adv = _affine_suffix_scan(decay, chunk_sums)
+        carry = decay[:, :-1] * chunk_adv[:, 1:]                 # into chunks 0..n_chunks-2
+        sums[:, tail:].add_(carry[:, :1])
+        whole[:, 1:].add_(carry[:, 1:].flip(1)[:, :, None])
+    else:
+        sums.cumsum_(1)
+    sums.div_(scale)
+    if out_dtype == torch.float64:
+        return sums.flip(1)
+    # (the deltas, read for the last time above, take the conversion when they can)
+    converted = deltas if deltas.dtype == out_dtype else scratch((bs, n), out_dtype, device)
+    return converted.copy_(sums).flip(1)
 
 
 def _affine_suffix_scan(a: Tensor, b: Tensor) -> Tensor:

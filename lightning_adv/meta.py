@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
 from lightning_adv.validators import is_int
 
@@ -139,6 +140,57 @@ class BatchMeta:
         for group, rows in zip(groups, self.traj_group_sizes):
             refs.extend(group.rewards if group is not None else [None] * rows)
         return refs
+
+    def index(self, device: torch.device) -> "MetaIndex":
+        """The grouping as index tensors on ``device`` (read-only), built once per
+        grouping: a second call with unchanged ``traj_group_sizes`` and ``rollout_groups``
+        returns the same tensors."""
+        key = (tuple(self.traj_group_sizes),
+               None if self.rollout_groups is None else tuple(self.rollout_groups))
+        cached = self.__dict__.get("_index_cache")
+        if cached is None or cached[0] != key:  # (identical groups compare by identity)
+            cached = (key, {})
+            object.__setattr__(self, "_index_cache", cached)
+        index = cached[1].get(device)
+        if index is None:
+            index = cached[1][device] = MetaIndex.build(self, device)
+        return index
+
+    def __getstate__(self) -> dict:
+        # The index cache is rebuilt where it is needed; never pickled or deep-copied.
+        return {k: v for k, v in self.__dict__.items() if k != "_index_cache"}
+
+
+@dataclass(frozen=True)
+class MetaIndex:
+    """Index tensors of one :class:`BatchMeta` on one device (:meth:`BatchMeta.index`).
+    Shared between calls: never modify them."""
+
+    traj_of_row: Tensor
+    """[B] long: each row's prompt group"""
+    rollout_of_row: Tensor
+    """[B] long: each row's logical rollout"""
+    rollout_starts: Tensor
+    """[R] long: the first row of each logical rollout"""
+    explicit_supplied: Tensor
+    """[R] bool: the rollout carries an explicit reference reward"""
+    explicit_rewards: Tensor
+    """[R] float64: the explicit reference rewards (0 where none)"""
+    any_explicit: bool
+
+    @staticmethod
+    def build(meta: "BatchMeta", device: torch.device) -> "MetaIndex":
+        sizes = torch.tensor(meta.traj_group_sizes, dtype=torch.long)
+        counts = torch.tensor(meta.rollout_row_counts, dtype=torch.long)
+        explicit = meta.explicit_reference_rewards
+        supplied = torch.tensor([r is not None for r in explicit], dtype=torch.bool)
+        values = torch.tensor([0.0 if r is None else r for r in explicit], dtype=torch.float64)
+        return MetaIndex(
+            traj_of_row=torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(device),
+            rollout_of_row=torch.repeat_interleave(torch.arange(len(counts)), counts).to(device),
+            rollout_starts=(counts.cumsum(0) - counts).to(device),
+            explicit_supplied=supplied.to(device), explicit_rewards=values.to(device),
+            any_explicit=bool(supplied.any()))
 
 
 TrajBatchMeta = BatchMeta

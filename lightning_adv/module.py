@@ -33,6 +33,7 @@ from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty, a
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
 from lightning_adv.unscorable import merge_rows, select_meta, select_rows, unscorable_rows
 from lightning_adv.validators import warn_caller
+from lightning_adv.workspace import ThreadWorkspaces
 
 class AdvantageModule(nn.Module):
     """Computes advantages, returns and rewards for a rollout batch (SPEC §3, §5).
@@ -70,6 +71,9 @@ class AdvantageModule(nn.Module):
             self.process = resolve_stage("process_adv_shaping", advantage.process_adv_shaping, config)
         if isinstance(config.gae_lambda, str):
             resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
+        self.workspaces = ThreadWorkspaces()
+        """scratch buffers of the pipeline's temporaries, kept from call to call (CPU); see
+        :mod:`lightning_adv.workspace`. ``module.workspaces.release()`` frees them."""
 
     @property
     def required_batch_keys(self) -> frozenset[str]:
@@ -89,11 +93,12 @@ class AdvantageModule(nn.Module):
     def forward(self, batch: Mapping[str, Any], meta: Optional[BatchMeta] = None, *,
                 prm: Optional[PRMAdvantageShapingConfig] = None) -> dict[str, Any]:
         try:
-            unscorable = unscorable_rows(batch, self.config)
-            if unscorable is None:
-                out = self._compute(batch, meta, prm)
-            else:
-                out = self.compute_without_rows(batch, meta, prm, unscorable)
+            with self.workspaces.get().active():
+                unscorable = unscorable_rows(batch, self.config)
+                if unscorable is None:
+                    out = self._compute(batch, meta, prm)
+                else:
+                    out = self.compute_without_rows(batch, meta, prm, unscorable)
         except PeerRankFailed:
             raise
         except Exception:
@@ -153,8 +158,11 @@ class AdvantageModule(nn.Module):
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
-        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by())
-        outcome_rewards = place_outcome(scores, aligned, config)
+        # A built-in token-level estimator with a fixed lambda never reads turn ids.
+        reads_turn_ids = not (self._estimator_is_builtin() and not isinstance(config.gae_lambda, str)
+                              and self.estimator.implementation in ("token_gae", "reinforce"))
+        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by(), reads_turn_ids)
+        outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
         temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta, data))
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
@@ -268,6 +276,11 @@ class AdvantageModule(nn.Module):
             raise
         call.check_inputs_untouched()
         return check(call, result)
+
+    def _estimator_is_builtin(self) -> bool:
+        """A built-in estimator reached through the default :meth:`estimate`: its inputs
+        never escape the pipeline."""
+        return self.estimator.builtin and type(self).estimate is AdvantageModule.estimate
 
     def _turn_ids_needed_by(self) -> Optional[str]:
         if self.estimator.builtin and self.estimator.implementation == "turn_gae":

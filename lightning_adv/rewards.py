@@ -4,6 +4,8 @@ reference policy. New tensors only (SPEC §9)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -38,11 +40,18 @@ def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig
     return rewards + torch.where(penalized, penalty, torch.zeros_like(penalty)).to(rewards.dtype)
 
 
-def kl_penalty(old: Tensor, ref: Tensor, kl_ctl: float, estimator: str) -> Tensor:
-    """``-kl_ctl * clamp(k(old, ref), -10, 10)`` with Schulman's k1/k2/k3 estimators."""
+def kl_penalty(old: Tensor, ref: Optional[Tensor], kl_ctl: float, estimator: str) -> Tensor:
+    """``-kl_ctl * clamp(k(old, ref), -10, 10)`` with Schulman's k1/k2/k3 estimators, as
+    a new float32 tensor; ``ref=None`` is a reference log-prob of 0 everywhere."""
     if kl_ctl == 0:
         return torch.zeros_like(old, dtype=torch.float32)
-    d = old.float() - ref.float()  # a new tensor: the steps below work in place on it
+    # A new tensor: the steps below work in place on it.
+    if ref is None:
+        d = old.to(torch.float32, copy=True)
+    elif old.dtype == ref.dtype == torch.float32:
+        d = torch.sub(old, ref, out=torch.empty_like(old))
+    else:
+        d = old.float() - ref.float()
     if estimator == "k2":
         d.square_().div_(2.0)
     elif estimator == "k3":

@@ -34,8 +34,7 @@ def _prompt_groups(inputs: OutcomeRewardInputs, name: str) -> tuple[Tensor, int]
     if inputs.meta is None:
         raise ValueError(f"outcome_reward_shaping {name!r}: needs the prompt groups of meta; "
                          f"build the batch with concat_batch or pass a BatchMeta")
-    sizes = torch.tensor(inputs.meta.traj_group_sizes, device=rewards.device)
-    return torch.repeat_interleave(torch.arange(len(sizes), device=rewards.device), sizes), len(sizes)
+    return inputs.meta.index(rewards.device).traj_of_row, inputs.meta.n_trajs
 
 
 def check_row_tensor(where: str, x: Any, rewards: Tensor) -> None:

@@ -143,15 +143,19 @@ class Block(nn.Module):
             attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                   v.transpose(1, 2), is_causal=True)
         else:
-            keys, values, rows, positions, allowed = cache  # keys: [B, W, H, dh]
-            keys[rows[:, None], positions] = k
-            values[rows[:, None], positions] = v
+            # keys [B, H, dh, W+1] and values [B, H, W+1, dh]: the layouts the two matrix
+            # products read, so no step copies the cache (writes go through permuted views)
+            keys, values, rows, positions, allowed = cache
+            keys.permute(0, 3, 1, 2)[rows[:, None], positions] = k
+            values.permute(0, 2, 1, 3)[rows[:, None], positions] = v
             if len(rows) < len(keys):  # a subset: gather its rows (a copy)
                 keys, values = keys[rows], values[rows]
-            # Written out: with a mask, SDPA's CPU path is several times slower here.
-            scores = q.transpose(1, 2) @ keys.permute(0, 2, 3, 1) / math.sqrt(q.shape[-1])
-            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-            attn = weights @ values.transpose(1, 2)
+            # Written out: with a mask, SDPA's CPU path is several times slower here, and so
+            # is torch.softmax over a short last dimension (the same formula, by hand).
+            scores = (q.transpose(1, 2) @ keys).mul_(1 / math.sqrt(q.shape[-1]))
+            scores.masked_fill_(~allowed, float("-inf"))
+            weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+            attn = weights.div_(weights.sum(-1, keepdim=True)) @ values
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
@@ -167,9 +171,11 @@ class KVCache:
 
     def __init__(self, policy: "CausalTransformer", batch_size: int, width: int):
         block = policy.blocks[0]
-        shape = (batch_size, width + 1, block.n_heads, policy.config.d_model // block.n_heads)
+        heads, head_dim = block.n_heads, policy.config.d_model // block.n_heads
         device = policy.tok.weight.device
-        self.layers = [(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+        # keys transposed for ``q @ keys``, values as ``weights @ values`` reads them
+        self.layers = [(torch.zeros(batch_size, heads, head_dim, width + 1, device=device),
+                        torch.zeros(batch_size, heads, width + 1, head_dim, device=device))
                        for _ in policy.blocks]
         self.width = width
         self.filled = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -262,14 +268,49 @@ class CausalTransformer(nn.Module):
         return self.lm_head(x) + self.logit_bias, values
 
 
+#: Up to this vocabulary size the log-softmax is written out (see below).
+SMALL_VOCAB = 256
+
+
+def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log_softmax(logits / temperature)`` over the vocabulary; the sampler and the
+    trainer use this one function, so the same logits give the same log-probs.
+
+    Over a vocabulary of a few dozen tokens torch's fused kernel is two to three times
+    slower on CPU (forward and backward) than four written-out operations, which take
+    the max as a constant shift (it cancels in the value and in the gradient); over a
+    large vocabulary (a Hugging Face model's) the fused kernel is faster and needs no
+    full-size temporaries, so it is used there."""
+    scaled = logits.float()
+    if temperature != 1.0:  # (dividing by 1 changes nothing but costs a pass and its backward)
+        scaled = scaled / temperature
+    if scaled.shape[-1] > SMALL_VOCAB:
+        return torch.log_softmax(scaled, dim=-1)
+    shifted = scaled - scaled.detach().amax(dim=-1, keepdim=True)
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
 def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
     """Log-prob of token ``t+1`` at position ``t`` (next-token convention); last column 0."""
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    logp = scaled_log_softmax(logits[:, :-1], temperature)
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return F.pad(picked, (0, 1))
 
 
 def entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of the sampling distribution at every position, ``[B, T]``."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = scaled_log_softmax(logits, temperature)
     return -(logp.exp() * logp).sum(-1)
+
+
+def logprobs_and_entropy(logits: Tensor, input_ids: Tensor, temperature: float = 1.0,
+                         entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
+    """:func:`next_token_logprobs` and :func:`entropy` from one log-softmax (the same
+    numbers); ``entropy_grad=False`` computes the entropy outside the autograd graph (for
+    a loss that only reports it)."""
+    logp = scaled_log_softmax(logits, temperature)
+    picked = F.pad(logp[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1), (0, 1))
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        source = logp if entropy_grad else logp.detach()
+        ent = -(source.exp() * source).sum(-1)
+    return picked, ent

@@ -55,7 +55,8 @@ from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
 from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
-from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig, entropy, next_token_logprobs
+from lightning_adv.trainer.policy import (
+    CausalTransformer, PolicyConfig, logprobs_and_entropy, next_token_logprobs)
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
 
@@ -642,10 +643,12 @@ class PPOModule(pl.LightningModule):
                 if self.critic:
                     critic = dict(values=values, old_values=cut(batch["values"]),
                                   returns=cut(out["returns"]))
+                # With entropy_coef 0 the entropy is only reported: no graph for it.
+                logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
+                                                     entropy_grad=cfg.entropy_coef > 0)
                 result = self.loss_fn(
-                    next_token_logprobs(logits, ids, cfg.temperature), cut(out["logprobs"]),
-                    cut(out["advantages"]), cut(out["loss_mask"]), ref_logprobs=cut(ref_logp),
-                    entropy=entropy(logits, cfg.temperature), **critic)
+                    logprobs, cut(out["logprobs"]), cut(out["advantages"]), cut(out["loss_mask"]),
+                    ref_logprobs=cut(ref_logp), entropy=ent, **critic)
                 opt.zero_grad()
                 self.manual_backward(result["loss"])
                 if cfg.max_grad_norm is not None:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.meta import BatchMeta, concat_batch
+from lightning_adv.trainer.policy import scaled_log_softmax
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
 
@@ -83,7 +84,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             last = logits[torch.arange(len(rows), device=device), lengths - 1].float()
         else:
             last = reader.read_active(buffer, rows, lengths)
-        logp = finite_or_raise(torch.log_softmax(last / temperature, dim=-1), "policy logits").cpu()
+        logp = finite_or_raise(scaled_log_softmax(last, temperature), "policy logits").cpu()
         picked = (logp.argmax(dim=-1) if greedy
                   else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
