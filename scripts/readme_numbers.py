@@ -9,8 +9,8 @@ whole command (the Hugging Face configs, ``hf_*``, train the tiny model that
 ``python -m lightning_adv.hf make-tiny`` writes, made once in the temporary directory
 first); then reads the runs' TensorBoard events with ``scripts/reward_curve.py``
 for the table and the curves. With ``--install`` it first times the README's install step
-alone (a fresh virtual environment, ``pip install -c constraints.txt -e .``; pip's cache
-is used as a new user's machine would not have it, so treat that time as a lower bound).
+alone (a fresh virtual environment, ``pip install -c constraints.txt -e .``), once with
+pip's cache warm and once with ``--no-cache-dir``, as a new user's machine would run it.
 The markdown it writes states the machine (cores, load average before and after) and the
 date, so the README can quote it as is.
 """
@@ -39,11 +39,12 @@ def timed(command: list[str], **kwargs) -> float:
     return time.perf_counter() - start
 
 
-def time_install(workdir: Path) -> float:
-    venv = workdir / "venv"
+def time_install(workdir: Path, use_cache: bool = True) -> float:
+    venv = workdir / ("venv" if use_cache else "venv-no-cache")
     python = venv / "bin" / "python"
+    cache = [] if use_cache else ["--no-cache-dir"]
     return timed([sys.executable, "-m", "venv", str(venv)]) + timed(
-        [str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", "."],
+        [str(python), "-m", "pip", "install", "-q", *cache, "-c", "constraints.txt", "-e", "."],
         cwd=ROOT)
 
 
@@ -86,9 +87,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         if args.install:
-            seconds = time_install(tmp_path)
-            lines.append(f"Install (`python3 -m venv` + `pip install -c constraints.txt -e .`, "
-                         f"pip cache warm): {seconds:.0f} s.")
+            warm, cold = time_install(tmp_path), time_install(tmp_path, use_cache=False)
+            lines.append(f"Install (`python3 -m venv` + `pip install -c constraints.txt -e .`): "
+                         f"{warm:.0f} s with pip's cache warm, {cold:.0f} s with "
+                         f"`--no-cache-dir` (every package but the local torch wheel downloaded "
+                         f"from PyPI).")
         runs, commands = [], []
         for name in args.configs:
             seconds, log_dir = run_config(name, tmp_path / "runs", args.override)
