@@ -393,67 +393,78 @@ def report(results: dict[tuple[str, int, int], dict[Optional[int], dict[str, Cas
         for count in thread_counts:
             label = f"{device}, {count} thread{'s' * (count != 1)}" if count else device
             lines.append(f"### {label}\n")
-            lines.append("Median wall time per call (repeats of the slow loops in brackets); "
-                         "\"reused\": the kernel's temporaries kept from call to call.\n")
-            rows = []
-            for key in sizes:
-                cases = results[key][count]
-                cells = [f"{key[1]}×{key[2]}"]
-                for name, _ in KERNEL_COLUMNS:
-                    case = cases.get(name)
-                    if case is None:
-                        cells.append("")
-                        continue
-                    cell = _fmt_time(case.median)
-                    cells.append(cell + (f" ({len(case.times)})" if case.slow else ""))
-                rows.append(cells)
-            lines += _table(["B×T"] + [title for _, title in KERNEL_COLUMNS], rows) + [""]
-            lines.append("Kernel ratios, ✓/✗ against the targets (set at 64×2048 and above for "
-                         "the clone ratios, shown at every size).\n")
-            first = results[sizes[0]][thread_counts[0]]
-            rows = []
-            for key in sizes:
-                m = {n: c.median for n, c in results[key][count].items()}
-                loops = {n: c.median for n, c in results[key][thread_counts[0]].items()}
-                rows.append([f"{key[1]}×{key[2]}",
-                             _fmt_ratio(loops["token_loop"] / m["token_fast_095"],
-                                        TARGETS["token_vs_loop"]),
-                             *[_fmt_ratio(m[n] / m["clone_token"], TARGETS["token_vs_clone"], False)
-                               for n in ("token_fast_1", "token_fast_095", "token_reused_1",
-                                         "token_reused_095")],
-                             _fmt_ratio(loops["turn_row_loop"] / m["turn_fast"],
-                                        TARGETS["turn_vs_row_loop"]),
-                             _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"])])
-            del first
-            lines += _table(["B×T", "token loop ÷ fast, γλ=0.95 (≥20×)",
-                             "fast ÷ clone, γλ=1 (≤8×)", "fast ÷ clone, γλ=0.95 (≤8×)",
-                             "reused ÷ clone, γλ=1 (≤8×)", "reused ÷ clone, γλ=0.95 (≤8×)",
-                             "turn per-row loop ÷ fast (≥5×)", "turn slot loop ÷ fast"], rows)
-            lines.append("")
-            lines.append("The module against the kernel call it makes (the token kernel at its "
-                         "γλ: 1 for default and GRPO, 0.95 for ppo.yaml), bare and with reused "
-                         "temporaries; target ≤1.5× (≤3× at 8×512). Peak: the most memory one "
-                         "call holds (outputs and kept scratch included), in [B, T] float32 "
-                         "tensors (target ≤20).\n")
-            rows = []
-            for key in sizes:
-                m = {n: c.median for n, c in results[key][count].items()}
-                target = TARGETS["module_vs_kernel_small"] if key[1] * key[2] <= 8 * 512 \
-                    else TARGETS["module_vs_kernel"]
-                for name, config in configs.items():
-                    kernel = kernel_case(config)
-                    reused = kernel.replace("fast", "reused")
-                    peak = peaks.get(key, {}).get(name)
-                    rows.append([f"{key[1]}×{key[2]}", name, _fmt_time(m[f"module {name}"]),
-                                 _fmt_ratio(m[f"module {name}"] / m[kernel], target, False),
-                                 _fmt_ratio(m[f"module {name}"] / m[reused], target, False),
-                                 "" if peak is None else
-                                 f"{peak:.1f} {'✓' if peak <= TARGETS['peak_tensors'] else '✗'}"])
-            lines += _table(["B×T", "config", "module", "÷ bare kernel", "÷ reused kernel",
-                             "peak [B,T] f32"], rows) + [""]
+            lines += _time_table(results, sizes, count)
+            lines += _kernel_ratio_table(results, sizes, count, thread_counts[0])
+            lines += _module_table(results, peaks, configs, sizes, count)
         if len(thread_counts) > 1:
             lines += _thread_table(results, sizes, thread_counts)
     return "\n".join(lines)
+
+
+def _time_table(results, sizes, count) -> list[str]:
+    lines = ["Median wall time per call (repeats of the slow loops in brackets); "
+             "\"reused\": the kernel's temporaries kept from call to call.\n"]
+    rows = []
+    for key in sizes:
+        cases = results[key][count]
+        cells = [f"{key[1]}×{key[2]}"]
+        for name, _ in KERNEL_COLUMNS:
+            case = cases.get(name)
+            if case is None:
+                cells.append("")
+                continue
+            cell = _fmt_time(case.median)
+            cells.append(cell + (f" ({len(case.times)})" if case.slow else ""))
+        rows.append(cells)
+    return lines + _table(["B×T"] + [title for _, title in KERNEL_COLUMNS], rows) + [""]
+
+
+def _kernel_ratio_table(results, sizes, count, loop_count) -> list[str]:
+    """Ratios against the targets; the slow loops are timed at the first thread count only."""
+    lines = ["Kernel ratios, ✓/✗ against the targets (set at 64×2048 and above for "
+             "the clone ratios, shown at every size).\n"]
+    rows = []
+    for key in sizes:
+        m = {n: c.median for n, c in results[key][count].items()}
+        loops = {n: c.median for n, c in results[key][loop_count].items()}
+        rows.append([f"{key[1]}×{key[2]}",
+                     _fmt_ratio(loops["token_loop"] / m["token_fast_095"],
+                                TARGETS["token_vs_loop"]),
+                     *[_fmt_ratio(m[n] / m["clone_token"], TARGETS["token_vs_clone"], False)
+                       for n in ("token_fast_1", "token_fast_095", "token_reused_1",
+                                 "token_reused_095")],
+                     _fmt_ratio(loops["turn_row_loop"] / m["turn_fast"],
+                                TARGETS["turn_vs_row_loop"]),
+                     _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"])])
+    lines += _table(["B×T", "token loop ÷ fast, γλ=0.95 (≥20×)",
+                     "fast ÷ clone, γλ=1 (≤8×)", "fast ÷ clone, γλ=0.95 (≤8×)",
+                     "reused ÷ clone, γλ=1 (≤8×)", "reused ÷ clone, γλ=0.95 (≤8×)",
+                     "turn per-row loop ÷ fast (≥5×)", "turn slot loop ÷ fast"], rows)
+    return lines + [""]
+
+
+def _module_table(results, peaks, configs, sizes, count) -> list[str]:
+    lines = ["The module against the kernel call it makes (the token kernel at its "
+             "γλ: 1 for default and GRPO, 0.95 for ppo.yaml), bare and with reused "
+             "temporaries; target ≤1.5× (≤3× at 8×512). Peak: the most memory one "
+             "call holds (outputs and kept scratch included), in [B, T] float32 "
+             "tensors (target ≤20).\n"]
+    rows = []
+    for key in sizes:
+        m = {n: c.median for n, c in results[key][count].items()}
+        target = TARGETS["module_vs_kernel_small"] if key[1] * key[2] <= 8 * 512 \
+            else TARGETS["module_vs_kernel"]
+        for name, config in configs.items():
+            kernel = kernel_case(config)
+            reused = kernel.replace("fast", "reused")
+            peak = peaks.get(key, {}).get(name)
+            rows.append([f"{key[1]}×{key[2]}", name, _fmt_time(m[f"module {name}"]),
+                         _fmt_ratio(m[f"module {name}"] / m[kernel], target, False),
+                         _fmt_ratio(m[f"module {name}"] / m[reused], target, False),
+                         "" if peak is None else
+                         f"{peak:.1f} {'✓' if peak <= TARGETS['peak_tensors'] else '✗'}"])
+    return lines + _table(["B×T", "config", "module", "÷ bare kernel", "÷ reused kernel",
+                           "peak [B,T] f32"], rows) + [""]
 
 
 THREAD_CASES = ("clone_token", "token_fast_1", "token_fast_095", "token_reused_095",
@@ -562,7 +573,7 @@ def machine_note() -> str:
             f"load average {load:.2f}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lightning_adv.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=parse_sizes,
@@ -589,6 +600,33 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="benchmark the trainer's step instead (python -m "
                              "lightning_adv.bench_trainer; the other arguments go to it, e.g. "
                              "--trainer --steps 20 --threads 1 2)")
+    return parser
+
+
+def print_module_profile(sizes, threads: int, calls: int, configs: dict[str, ActorConfig]) -> None:
+    torch.set_num_threads(threads)
+    bs, width = max(sizes, key=lambda size: size[0] * size[1])
+    x = realistic_inputs(bs, width, torch.device("cpu"))
+    print(f"### AdvantageModule by pipeline step (cpu, {bs}×{width}, cProfile, per call)\n")
+    print("| config | step | time | share |")
+    print("|---|---|---|---|")
+    for name, config in configs.items():
+        print(profile_module(name, AdvantageModule(config), x, calls))
+    print()
+
+
+def selected_devices(choice: str) -> list[torch.device]:
+    """``cpu``, ``cuda`` or ``all`` (the CPU, plus CUDA when available)."""
+    devices = []
+    if choice in ("cpu", "all"):
+        devices.append(torch.device("cpu"))
+    if choice in ("cuda", "all") and torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    return devices
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--trainer" in argv:  # the rest of the arguments are the trainer benchmark's
         from lightning_adv import bench_trainer
@@ -603,11 +641,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     tuned = tune_malloc() if args.tune_malloc else False
     if args.tune_malloc and not tuned:
         parser.error("--tune-malloc: glibc mallopt is not available here")
-    devices = []
-    if args.device in ("cpu", "all"):
-        devices.append(torch.device("cpu"))
-    if args.device in ("cuda", "all") and torch.cuda.is_available():
-        devices.append(torch.device("cuda"))
+    devices = selected_devices(args.device)
     if args.device == "cuda" and not devices:
         parser.error("--device cuda: CUDA is not available")
     print(f"{machine_note()}; torch {torch.__version__}, threads {' and '.join(map(str, args.threads))}"
@@ -635,15 +669,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if scaling is not None:
         print(scaling_report(scaling))
     if args.profile_module:
-        torch.set_num_threads(args.threads[0])
-        bs, width = max(args.sizes, key=lambda size: size[0] * size[1])
-        x = realistic_inputs(bs, width, torch.device("cpu"))
-        print(f"### AdvantageModule by pipeline step (cpu, {bs}×{width}, cProfile, per call)\n")
-        print("| config | step | time | share |")
-        print("|---|---|---|---|")
-        for name, config in configs.items():
-            print(profile_module(name, AdvantageModule(config), x, args.repeats))
-        print()
+        print_module_profile(args.sizes, args.threads[0], args.repeats, configs)
 
 
 if __name__ == "__main__":
