@@ -435,3 +435,20 @@ def test_unscorable_fraction_metric():
     plain = AdvantageMetrics(prefix="train/")
     plain.update(run(recipe("grpo"), *two_prompts([1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0])), meta)
     assert "train/unscorable_fraction" not in plain.compute()
+
+
+# ------------------------------------------------------------------ split rollouts
+
+@pytest.mark.parametrize("name", ["grpo_passk", "grpo_batch_std", "opo", "gpg"])
+def test_group_stages_count_a_split_rollout_once(name):
+    """A logical rollout split over two rows is one response of its group: every row of it
+    gets the advantage the rollout gets when it is one row (opo: its length is the sum of
+    its rows'), and it counts once in the group and batch statistics."""
+    split = rows_batch(["pgg...", "pgg...", "pg....", "pgggg.", "pgg..."],
+                       [1.0, 1.0, 0.0, 0.5, 0.25], rollout_group=RolloutGroup((2, 1, 1, 1)))
+    whole = rows_batch(["pgggg.", "pg....", "pgggg.", "pgg..."], [1.0, 0.0, 0.5, 0.25])
+    other = rows_batch(["pgg...", "pg....", "pggg.."], [0.0, 1.0, 0.0])
+    got = per_row(run(recipe(name), *concat_batch([split, other])))
+    want = per_row(run(recipe(name), *concat_batch([whole, other])))
+    close(got, [want[0]] + want, tol=1e-6)
+    assert got[0] != 0
