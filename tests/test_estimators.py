@@ -382,6 +382,23 @@ def test_unscorable_columns_and_split_rollouts():
             *concat_batch([rows_batch(["pg.", "pgg"], [math.nan, math.nan])]))
 
 
+def test_unscorable_rows_without_meta_cannot_shift_fixed_group_slices():
+    # group_size 2 slices rows (0, 1), (2, 3), ...: dropping rows 1 and 3 would pair rows 0
+    # and 2 as a group. Without meta the rows cannot be dropped: an error names the key.
+    batch = rows_batch(["pgg."] * 8, [1.0, math.nan, 0.0, math.nan, 1.0, 0.0, 0.0, 1.0])
+    for field in ("reward_norm", "adv_norm"):
+        config = recipe("grpo", unscorable_rewards="exclude",
+                        **{field: {"mean_level": "group", "std_level": "group", "group_size": 2}})
+        with pytest.raises(ValueError, match=rf"actor.unscorable_rewards: 'exclude' .* "
+                                             rf"actor.{field}.group_size \(2\) .* pass meta"):
+            run(config, batch)
+    # With meta the same rows are dropped from their own groups: singletons get 0.
+    meta = BatchMeta(n_trajs=4, traj_group_sizes=[2] * 4)
+    out = run(recipe("grpo", unscorable_rewards="exclude"), batch, meta)
+    a = 0.5 / (math.sqrt(0.5) + 1e-5)
+    close(out["advantages"][:, 0].tolist(), [0, 0, 0, 0, a, -a, -a, a], tol=1e-5)
+
+
 def test_a_prompt_whose_rows_are_all_unscorable_drops_out_of_the_meta():
     a, b = nan_batch()
     b["rewards"] = torch.full((3,), math.nan)
