@@ -307,6 +307,18 @@ def test_optimal_token_baseline_matches_the_loop(groups, seed):
         close(out["advantages"][row][active].tolist(), expected, tol=1e-4)
 
 
+def test_optimal_token_baseline_refuses_split_rollouts():
+    # Its baseline lines up each response's steps; the rows of one logical rollout are not
+    # responses of their own (as rows, one rollout of two rows would be a group of two).
+    half = math.log(0.5)
+    batch = rows_batch(["pgg.", "pg.."], [1.0, 1.0], logprobs=[[0, half, half, 0], [0, half, 0, 0]],
+                       sum_pi_squared=[[0.5, 0.25, 0, 0], [0.5, 0, 0, 0]],
+                       rollout_group=RolloutGroup((2,)))
+    with pytest.raises(ValueError, match=r"estimator 'optimal_token_baseline': .* rollouts split "
+                                         r"over several rows \(prompts \[0\]\)"):
+        run(recipe("optimal_token_baseline"), *concat_batch([batch]))
+
+
 def test_optimal_token_baseline_bad_inputs_name_the_key():
     batch = rows_batch(["pgg.", "pg.."], [1.0, 0.0])
     with pytest.raises(ValueError, match="estimator 'optimal_token_baseline': rollout batch has no "
