@@ -126,6 +126,8 @@ class AdvantageModule(nn.Module):
                              unscorable: Tensor) -> dict[str, Any]:
         """``actor.unscorable_rewards: exclude``: the pipeline on the scorable rows only,
         then the unscorable rows put back with advantage 0 (:mod:`lightning_adv.unscorable`)."""
+        if meta is None:
+            _check_no_fixed_slices(self.config)
         kept = ~unscorable
         selected = select_rows(batch, kept)
         out = self._compute(selected, select_meta(meta, kept), prm)
@@ -304,6 +306,20 @@ class AdvantageModule(nn.Module):
         if aligned.mopd_behavior_logprobs is not None:
             out["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
         return out
+
+
+def _check_no_fixed_slices(config: ActorConfig) -> None:
+    """Without meta, a group-level normalization slices rows by ``group_size``; dropping
+    unscorable rows would shift every later row into another prompt's slice."""
+    for name in ("reward_norm", "adv_norm"):
+        norm = getattr(config, name)
+        if norm is not None and norm.group_size > 1 and "group" in (norm.mean_level,
+                                                                    norm.std_level):
+            raise ValueError(f"actor.unscorable_rewards: 'exclude' leaves unscorable rows out, "
+                             f"which would shift the fixed actor.{name}.group_size "
+                             f"({norm.group_size}) slices of a batch without meta into other "
+                             f"prompts' groups; pass meta (concat_batch or a BatchMeta with the "
+                             f"prompt groups)")
 
 
 def _device_of(batch: Any) -> Optional[torch.device]:

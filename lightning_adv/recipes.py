@@ -24,8 +24,8 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | reinforce_pp | whiten_batch(G_t), KL penalty in the token rewards | Hu, 2025, REINFORCE++, arXiv:2501.03262 |
 | reinforce_pp_baseline | whiten_batch(G_t) with r_i - mean_g r as outcome | Hu, 2025, REINFORCE++, arXiv:2501.03262 |
 | opo | r_i - sum_g(l_j r_j) / sum_g(l_j), l = response length | Hao et al., 2025, OPO, arXiv:2505.23585 |
-| gpg | B / (B - M) * (r_i - mean_g r), M rows of all-equal groups | Chu et al., 2025, GPG, arXiv:2504.02546 |
-| grpo_passk | best row of g: (r_max - r_second) / (std_g r + eps), others 0 | verl grpo_passk |
+| gpg | B / (B - M) * (r_i - mean_g r), M responses of all-equal groups | Chu et al., 2025, GPG, arXiv:2504.02546 |
+| grpo_passk | best response of g: (r_max - r_second) / (std_g r + eps), others 0 | verl grpo_passk |
 | gdpo | whiten_batch(sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps)) | GDPO, arXiv:2601.05242 |
 | grpo_batch_std | (r_i - mean_g r) / (std_batch r + eps) | TRL scale_rewards="batch" |
 | rloo_kl | RLOO of r_i - beta * sum_t (logprobs_t - ref_logp_t) | TRL RLOOTrainer |
@@ -101,7 +101,7 @@ SUMMARIES: dict[str, str] = {
     "dr_grpo":
         "Dr. GRPO: group mean baseline, no std division (Liu et al., 2025, arXiv:2503.20783).",
     "gpg":
-        "GPG: group-mean baseline rescaled by B/(B-M), M = rows of all-equal groups (Chu et al., 2025, arXiv:2504.02546).",
+        "GPG: group-mean baseline rescaled by B/(B-M), M = responses of all-equal groups (Chu et al., 2025, arXiv:2504.02546).",
     "grpo":
         "GRPO: group mean/std normalized outcome reward on every token (Shao et al., 2024, arXiv:2402.03300).",
     "opo":

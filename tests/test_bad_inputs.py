@@ -368,6 +368,10 @@ CATALOGUE += [
     Bad("all-rows-unscorable", call(with_key("rewards", torch.tensor([math.nan, math.nan])),
                                     unscorable_rewards="exclude"), ValueError,
         ("'rewards'", "every row is NaN")),
+    Bad("unscorable-rows-shift-fixed-slices", call(
+        with_key("rewards", torch.tensor([1.0, math.nan])), unscorable_rewards="exclude",
+        reward_norm={"mean_level": "group", "std_level": "group", "group_size": 2}), ValueError,
+        ("actor.unscorable_rewards", "actor.reward_norm.group_size (2)", "pass meta")),
     Bad("config-reward-clip-low-above-high", lambda: ActorConfig(reward_clip=[1.0, -1.0]),
         ValueError, ("actor.reward_clip", "low < high", "[1.0, -1.0]")),
     Bad("config-truncated-reward-both", lambda: ActorConfig(

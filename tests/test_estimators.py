@@ -307,6 +307,18 @@ def test_optimal_token_baseline_matches_the_loop(groups, seed):
         close(out["advantages"][row][active].tolist(), expected, tol=1e-4)
 
 
+def test_optimal_token_baseline_refuses_split_rollouts():
+    # Its baseline lines up each response's steps; the rows of one logical rollout are not
+    # responses of their own (as rows, one rollout of two rows would be a group of two).
+    half = math.log(0.5)
+    batch = rows_batch(["pgg.", "pg.."], [1.0, 1.0], logprobs=[[0, half, half, 0], [0, half, 0, 0]],
+                       sum_pi_squared=[[0.5, 0.25, 0, 0], [0.5, 0, 0, 0]],
+                       rollout_group=RolloutGroup((2,)))
+    with pytest.raises(ValueError, match=r"estimator 'optimal_token_baseline': .* rollouts split "
+                                         r"over several rows \(prompts \[0\]\)"):
+        run(recipe("optimal_token_baseline"), *concat_batch([batch]))
+
+
 def test_optimal_token_baseline_bad_inputs_name_the_key():
     batch = rows_batch(["pgg.", "pg.."], [1.0, 0.0])
     with pytest.raises(ValueError, match="estimator 'optimal_token_baseline': rollout batch has no "
@@ -382,6 +394,23 @@ def test_unscorable_columns_and_split_rollouts():
             *concat_batch([rows_batch(["pg.", "pgg"], [math.nan, math.nan])]))
 
 
+def test_unscorable_rows_without_meta_cannot_shift_fixed_group_slices():
+    # group_size 2 slices rows (0, 1), (2, 3), ...: dropping rows 1 and 3 would pair rows 0
+    # and 2 as a group. Without meta the rows cannot be dropped: an error names the key.
+    batch = rows_batch(["pgg."] * 8, [1.0, math.nan, 0.0, math.nan, 1.0, 0.0, 0.0, 1.0])
+    for field in ("reward_norm", "adv_norm"):
+        config = recipe("grpo", unscorable_rewards="exclude",
+                        **{field: {"mean_level": "group", "std_level": "group", "group_size": 2}})
+        with pytest.raises(ValueError, match=rf"actor.unscorable_rewards: 'exclude' .* "
+                                             rf"actor.{field}.group_size \(2\) .* pass meta"):
+            run(config, batch)
+    # With meta the same rows are dropped from their own groups: singletons get 0.
+    meta = BatchMeta(n_trajs=4, traj_group_sizes=[2] * 4)
+    out = run(recipe("grpo", unscorable_rewards="exclude"), batch, meta)
+    a = 0.5 / (math.sqrt(0.5) + 1e-5)
+    close(out["advantages"][:, 0].tolist(), [0, 0, 0, 0, a, -a, -a, a], tol=1e-5)
+
+
 def test_a_prompt_whose_rows_are_all_unscorable_drops_out_of_the_meta():
     a, b = nan_batch()
     b["rewards"] = torch.full((3,), math.nan)
@@ -435,3 +464,20 @@ def test_unscorable_fraction_metric():
     plain = AdvantageMetrics(prefix="train/")
     plain.update(run(recipe("grpo"), *two_prompts([1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0])), meta)
     assert "train/unscorable_fraction" not in plain.compute()
+
+
+# ------------------------------------------------------------------ split rollouts
+
+@pytest.mark.parametrize("name", ["grpo_passk", "grpo_batch_std", "opo", "gpg"])
+def test_group_stages_count_a_split_rollout_once(name):
+    """A logical rollout split over two rows is one response of its group: every row of it
+    gets the advantage the rollout gets when it is one row (opo: its length is the sum of
+    its rows'), and it counts once in the group and batch statistics."""
+    split = rows_batch(["pgg...", "pgg...", "pg....", "pgggg.", "pgg..."],
+                       [1.0, 1.0, 0.0, 0.5, 0.25], rollout_group=RolloutGroup((2, 1, 1, 1)))
+    whole = rows_batch(["pgggg.", "pg....", "pgggg.", "pgg..."], [1.0, 0.0, 0.5, 0.25])
+    other = rows_batch(["pgg...", "pg....", "pggg.."], [0.0, 1.0, 0.0])
+    got = per_row(run(recipe(name), *concat_batch([split, other])))
+    want = per_row(run(recipe(name), *concat_batch([whole, other])))
+    close(got, [want[0]] + want, tol=1e-6)
+    assert got[0] != 0

@@ -44,8 +44,8 @@ def test_replies_continue_the_conversation_as_the_template_renders_it(raw):
     tok = HFTokenizer(raw)
     tok.check_replies()
     first, second = raw("4")["input_ids"] + [tok.eos_id], raw("6")["input_ids"]  # 2nd: cut
-    ids = tok.encode_prompt("G", "p") + first + tok.encode_reply(">", True, "r")
-    ids += second + tok.encode_reply("<", False, "r")
+    ids = tok.encode_prompt("G", "p") + first + tok.encode_reply(">", "<|im_end|>", "r")
+    ids += second + tok.encode_reply("<", None, "r")
     conversation = [{"role": "user", "content": "G"}, {"role": "assistant", "content": "4"},
                     {"role": "user", "content": ">"}, {"role": "assistant", "content": "6"},
                     {"role": "user", "content": "<"}]
@@ -53,7 +53,22 @@ def test_replies_continue_the_conversation_as_the_template_renders_it(raw):
                                                       add_generation_prompt=True)
     assert tok.decode(first) == "4"  # special tokens are not part of the text
     plain = HFTokenizer(raw, chat_template=False)
-    assert raw.decode(plain.encode_reply("<", True, "r")) == "<"
+    assert raw.decode(plain.encode_reply("<", "<|im_end|>", "r")) == "<"
+
+
+def test_the_end_of_turn_marker_follows_the_eos_token_that_ended_the_turn(tiny_lm):
+    """With several EOS ids (the tokenizer's and the generation config's), only an EOS that
+    is the template's end-of-turn marker stands for it: after another EOS the marker is
+    still written, and after the marker it is not written twice."""
+    raw = AutoTokenizer.from_pretrained(tiny_lm, eos_token="<|endoftext|>")
+    tok = HFTokenizer(raw, eos_ids=[raw.convert_tokens_to_ids("<|im_end|>")])
+    assert tok.eos_id == raw.convert_tokens_to_ids("<|endoftext|>") and len(tok.eos_ids) == 2
+    turn = raw("4")["input_ids"]
+    after_marker = tok.encode_reply(">", "<|im_end|>", "r")
+    assert raw.decode(turn + [raw.convert_tokens_to_ids("<|im_end|>")] + after_marker) == (
+        "4<|im_end|>\n<|im_start|>user\n><|im_end|>\n<|im_start|>assistant\n")
+    after_other = tok.encode_reply(">", "<|endoftext|>", "r")
+    assert raw.decode(after_other).startswith("<|im_end|>\n<|im_start|>user\n>")
 
 
 def test_a_template_that_is_not_prefix_stable_is_refused(raw):

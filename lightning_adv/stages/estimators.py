@@ -94,7 +94,8 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
 
     ``G_t`` is the discounted return-to-go (KL, outcome and folded process rewards, as in
     ``reinforce``); ``W_t = sum_{j<=t} (1 - 2 pi_j + sum_pi_squared_j)`` over the row's
-    generated positions, ``pi_j`` the old probability of the sampled token. Step t is
+    generated positions, ``pi_j`` the old probability of the sampled token. Each response
+    is one row (a logical rollout split over several rows is an error). Step t is
     counted from each row's first generated token, so rows of one prompt line up however
     their prompts are padded. A group of one row has baseline 0 (A = G). Values are not
     used. Source: verl's ``optimal_token_baseline`` estimator (Optimal Token Baseline).
@@ -103,6 +104,12 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
     if inputs.meta is None:
         raise ValueError(f"{where}: needs the prompt groups of meta; build the batch with "
                          f"concat_batch or pass a BatchMeta")
+    groups = inputs.meta.rollout_groups or []
+    split = [i for i, g in enumerate(groups) if g is not None and g.n_rows > g.n_rollouts]
+    if split:
+        raise ValueError(f"{where}: the per-step baseline lines up whole responses, and these "
+                         f"logical rollouts split over several rows (prompts {split[:10]}) are "
+                         f"not; give each rollout one row")
     if inputs.old_logprobs is None:
         raise ValueError(f"{where}: TemporalInputs.old_logprobs is None (the pipeline passes the "
                          f"aligned old log-probs)")

@@ -10,6 +10,7 @@ TRL's RLOO. The group ones need the prompt groups of ``meta`` (build the batch w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -35,6 +36,34 @@ def _prompt_groups(inputs: OutcomeRewardInputs, name: str) -> tuple[Tensor, int]
         raise ValueError(f"outcome_reward_shaping {name!r}: needs the prompt groups of meta; "
                          f"build the batch with concat_batch or pass a BatchMeta")
     return inputs.meta.index(rewards.device).traj_of_row, inputs.meta.n_trajs
+
+
+@dataclass(frozen=True)
+class _Rollouts:
+    """The logical rollouts of a batch: the members of the prompt groups. A rollout split
+    over several rows (``RolloutGroup.row_counts``) is one member, whose reward is its first
+    row's (the reference rollout-aware normalization uses too)."""
+
+    rewards: Tensor
+    """[R] float64, each rollout's reward"""
+    group: Tensor
+    """[R] prompt-group index of each rollout"""
+    n_groups: int
+    member: Tensor
+    """[B] rollout index of each row"""
+
+
+def _rollouts(inputs: OutcomeRewardInputs, name: str) -> _Rollouts:
+    rewards = inputs.data["rewards"]
+    if inputs.meta is None:
+        raise ValueError(f"outcome_reward_shaping {name!r}: needs the prompt groups of meta; "
+                         f"build the batch with concat_batch or pass a BatchMeta")
+    device = rewards.device
+    counts = torch.tensor(inputs.meta.rollout_row_counts, device=device)
+    sizes = torch.tensor(inputs.meta.logical_group_sizes, device=device)
+    member = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)
+    group = torch.repeat_interleave(torch.arange(len(sizes), device=device), sizes)
+    return _Rollouts(rewards.double()[counts.cumsum(0) - counts], group, len(sizes), member)
 
 
 def check_row_tensor(where: str, x: Any, rewards: Tensor) -> None:
@@ -81,26 +110,29 @@ def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float 
     """GPG: ``alpha * (r_i - mean_g(r)) / F``, ``alpha = B / (B - M)``.
 
     ``F`` is 1, or the group's unbiased std plus ``eps`` with ``std_normalize``. ``M`` counts
-    the rows of groups whose rewards are all equal (they carry no gradient) and ``B`` all
-    rows; both are summed over the data-parallel group. ``alpha`` rescales the valid rows
-    so the batch gradient is not diluted (``alpha = 1`` when no row is valid). Source: Chu
-    et al., 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
-    Reasoning" (arXiv:2504.02546), Accurate Gradient Estimation.
+    the responses of groups whose rewards are all equal (they carry no gradient) and ``B``
+    all responses; both are summed over the data-parallel group. ``alpha`` rescales the
+    valid responses so the batch gradient is not diluted (``alpha = 1`` when none is
+    valid). Group statistics are over logical rollouts (a rollout split over several rows
+    counts once). Source: Chu et al., 2025, "GPG: A Simple and Strong Reinforcement
+    Learning Baseline for Model Reasoning" (arXiv:2504.02546), Accurate Gradient Estimation.
     """
-    groups, n = _prompt_groups(inputs, "gpg")
-    r = inputs.data["rewards"].double()
-    ones = torch.ones_like(r)
+    roll = _rollouts(inputs, "gpg")
+    groups, n, ref = roll.group, roll.n_groups, roll.rewards
+    ones = torch.ones_like(ref)
     count = _group_sum(ones, groups, n)
-    mean = _group_sum(r, groups, n) / count
-    centred = r - mean[groups]
+    mean = _group_sum(ref, groups, n) / count
+    centred_ref = ref - mean[groups]
+    scale = torch.ones_like(mean)
     if std_normalize:
-        var = _group_sum(centred * centred, groups, n) / (count - 1).clamp_min(1.0)
-        std = torch.where(count > 1, var.sqrt(), torch.ones_like(var))
-        centred = centred / (std[groups] + eps)
-    spread = (_group_sum((centred != 0).double(), groups, n) > 0)[groups]
+        var = _group_sum(centred_ref * centred_ref, groups, n) / (count - 1).clamp_min(1.0)
+        scale = torch.where(count > 1, var.sqrt(), torch.ones_like(var)) + eps
+    spread = (_group_sum((centred_ref != 0).double(), groups, n) > 0)[groups]
     totals = all_reduce_sum(torch.stack([ones.sum(), (~spread).double().sum()]))
     valid = totals[0] - totals[1]
     alpha = torch.where(valid > 0, totals[0] / valid.clamp_min(1.0), torch.ones_like(valid))
+    row_group = groups[roll.member]
+    centred = (inputs.data["rewards"].double() - mean[row_group]) / scale[row_group]
     return OutcomeResult(rewards=(alpha * centred).float())
 
 
@@ -113,29 +145,30 @@ def _group_counts(groups: Tensor, n_groups: int, like: Tensor) -> Tensor:
                 kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
                    eps: float = 1e-6) -> OutcomeResult:
-    """Pass@k GRPO: in each prompt group only the best row gets a non-zero reward,
+    """Pass@k GRPO: in each prompt group only the best response gets a non-zero reward,
     ``(r_max - r_second) / (std_g + eps)`` (``r_max - r_second`` without
-    ``std_normalize``; unbiased group std); every other row gets 0.
+    ``std_normalize``; unbiased group std); every other response gets 0.
 
-    Of rows tied for the maximum, the first one is the best, and it gets 0 (``r_max =
-    r_second``). A group of one row has no second best: an error. Source: verl's
+    Responses are logical rollouts: every row of the best one gets its reward. Of
+    responses tied for the maximum, the first one is the best, and it gets 0 (``r_max =
+    r_second``). A group of one response has no second best: an error. Source: verl's
     ``grpo_passk`` estimator (pass@k training; verl cites arXiv:2503.19595).
     """
-    groups, n = _prompt_groups(inputs, "passk_baseline")
-    r = inputs.data["rewards"].double()
+    roll = _rollouts(inputs, "passk_baseline")
+    groups, n, r = roll.group, roll.n_groups, roll.rewards
     count = _group_counts(groups, n, r)
     if bool((count < 2).any()):
         single = (count < 2).nonzero().flatten().tolist()
         raise ValueError(f"outcome_reward_shaping 'passk_baseline': pass@k needs at least two "
                          f"responses per prompt group; groups {single[:10]} have one (sample "
                          f"more responses per prompt, e.g. ppo.n_samples >= 2)")
-    rows = torch.arange(r.shape[0], device=r.device)
+    rollouts = torch.arange(r.shape[0], device=r.device)
     top = torch.full((n,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
         0, groups, r, "amax")
-    # The best row: the first row of its group that reaches the maximum.
+    # The best response: the first one of its group that reaches the maximum.
     first_best = torch.full((n,), r.shape[0], device=r.device).scatter_reduce(
-        0, groups, torch.where(r == top[groups], rows, r.shape[0]), "amin")
-    best = rows == first_best[groups]
+        0, groups, torch.where(r == top[groups], rollouts, r.shape[0]), "amin")
+    best = rollouts == first_best[groups]
     second = torch.full((n,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
         0, groups, torch.where(best, -torch.inf, r), "amax")
     gap = top - second
@@ -143,7 +176,8 @@ def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
         mean = _group_sum(r, groups, n) / count
         var = _group_sum((r - mean[groups]) ** 2, groups, n) / (count - 1)
         gap = gap / (var.sqrt() + eps)
-    return OutcomeResult(rewards=torch.where(best, gap[groups], 0.0).float())
+    per_rollout = torch.where(best, gap[groups], 0.0)
+    return OutcomeResult(rewards=per_rollout[roll.member].float())
 
 
 @register_stage("outcome_reward_shaping", replaces_critic=True,
@@ -153,20 +187,21 @@ def group_mean_batch_std(inputs: OutcomeRewardInputs, *, std_unbiased: bool = Tr
     """``(r_i - mean_g r) / (std_batch r + eps)``: a group-mean baseline scaled by the
     standard deviation of the raw rewards over the whole batch, around the batch mean
     (TRL's ``scale_rewards="batch"``, which cites the PPO Lite paper, arXiv:2508.08221).
-    The batch sums are reduced
-    over the data-parallel group, so the std is global under DDP; a batch of one row
-    has std 1 (unbiased) like the pipeline's normalization.
+    Means and std are over logical rollouts (a rollout split over several rows counts
+    once). The batch sums are reduced over the data-parallel group, so the std is global
+    under DDP; a batch of one response has std 1 (unbiased) like the pipeline's
+    normalization.
     """
-    groups, n = _prompt_groups(inputs, "group_mean_batch_std")
-    r = inputs.data["rewards"].double()
-    count = _group_counts(groups, n, r)
-    centred = r - (_group_sum(r, groups, n) / count)[groups]
-    total, squares, rows = all_reduce_sum(torch.stack([r.sum(), (r * r).sum(),
-                                                       torch.tensor(float(r.shape[0]),
-                                                                    dtype=r.dtype, device=r.device)]))
-    mean = total / rows
-    spread = (squares - rows * mean * mean).clamp_min(0.0)
-    dof = rows - 1 if std_unbiased else rows
+    roll = _rollouts(inputs, "group_mean_batch_std")
+    groups, n, ref = roll.group, roll.n_groups, roll.rewards
+    group_mean = _group_sum(ref, groups, n) / _group_counts(groups, n, ref)
+    centred = inputs.data["rewards"].double() - group_mean[groups[roll.member]]
+    total, squares, count = all_reduce_sum(torch.stack([
+        ref.sum(), (ref * ref).sum(), torch.tensor(float(ref.shape[0]), dtype=ref.dtype,
+                                                   device=ref.device)]))
+    mean = total / count
+    spread = (squares - count * mean * mean).clamp_min(0.0)
+    dof = count - 1 if std_unbiased else count
     std = torch.where(dof > 0, (spread / dof.clamp_min(1.0)).sqrt(), torch.ones_like(spread))
     return OutcomeResult(rewards=(centred / (std + eps)).float())
 

@@ -122,19 +122,19 @@ class HFTokenizer:
         head, _, tail = after[len(before):].partition(marker)
         return closing, (head, tail)
 
-    def encode_reply(self, text: str, after_eos: bool, where: str,
+    def encode_reply(self, text: str, ended_with: Optional[str], where: str,
                      error: type[Exception] = ValueError) -> list[int]:
-        """Tokens appended for an environment reply after a policy turn (``after_eos``:
-        the turn ended with an EOS token, the template's end-of-turn marker when chatting)."""
+        """Tokens appended for an environment reply after a policy turn. ``ended_with``: the
+        text of the EOS token that ended the turn (None: it ended otherwise); when it is the
+        template's end-of-turn marker, the marker is not written again."""
         if not self.use_chat:
             ids = self._ids(text, special=False)
         else:
             self.check_replies()
             assert self._frame is not None
             closing, (head, tail) = self._frame
-            eos_text = self.tokenizer.convert_ids_to_tokens(self.eos_id)
-            if after_eos and closing.startswith(eos_text):
-                closing = closing[len(eos_text):]
+            if ended_with and closing.startswith(ended_with):
+                closing = closing[len(ended_with):]
             ids = self._ids(closing + head + text + tail, special=False)
         if not ids:
             raise error(f"{where}: the reply tokenizes to no tokens")

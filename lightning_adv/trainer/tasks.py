@@ -77,7 +77,7 @@ class Vocab:
                         f"policy reads strings")
         return [self.bos_id] + self.encode(prompt, where, error)
 
-    def encode_reply(self, text: str, after_eos: bool, where: str,
+    def encode_reply(self, text: str, ended_with: Optional[str], where: str,
                      error: type[Exception] = ValueError) -> list[int]:
         """The environment's reply, appended as its symbols."""
         return self.encode(text, where, error)
@@ -520,7 +520,9 @@ class TaskRuntime:
         if len(text) > self.task.max_reply_len:
             raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_reply_len "
                              f"({self.task.max_reply_len})")
-        return text, self.vocab.encode_reply(text, turns[-1].eos, where, TaskError)
+        last = turns[-1]
+        ended_with = last.tokens[-1] if last.eos and last.tokens else None
+        return text, self.vocab.encode_reply(text, ended_with, where, TaskError)
 
     def reward(self, sample: Sample, sample_no: int) -> float:
         value = self._reward(sample)
