@@ -74,6 +74,11 @@ MAX_CHUNK = 1 << 15
 #: Smallest ``|γλ|`` the chunked sums take (about 8e-5); rows below it (λ = 0, γ = 0, a
 #: per-row λ of 0 for short rows) use the exact scan.
 MIN_CHUNKED_COEF = math.exp(-_MAX_LOG_SPAN / MIN_CHUNK)
+#: Most elements of one block of rows in the CPU token kernel. Its dozen [B, T] int64 and
+#: float64 temporaries then stay in the core's cache (about 1 MiB each at this size);
+#: over whole batches of several million elements every pass went to memory, and time
+#: grew 3-5x per doubling of T beyond 16k steps.
+CPU_BLOCK_ELEMENTS = 1 << 17
 
 
 def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor,
@@ -265,9 +270,31 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
     rewards, values = rewards.to(dtype), values.to(dtype)
     # Column T-1 is never a timestep (it predicts nothing): as an inactive step it gets
     # advantage 0 and the row's last active position bootstraps.
-    adv = _masked_gae(rewards, values, loss_mask.to(dtype), bootstrap_values.to(dtype), discount,
-                      _coefficient(discount, gae_lambda, dtype), out_dtype, last_is_step=False)
+    mask, bootstrap = loss_mask.to(dtype), bootstrap_values.to(dtype)
+    coef = _coefficient(discount, gae_lambda, dtype)
+    rows = _rows_per_block(rewards)
+    if rows >= len(rewards):
+        adv = _masked_gae(rewards, values, mask, bootstrap, discount, coef, out_dtype,
+                          last_is_step=False)
+        return adv, adv + values
+    # Rows are independent: each block runs the whole recurrence in cache, reusing the
+    # previous block's temporaries.
+    adv = torch.empty(rewards.shape, dtype=out_dtype, device=rewards.device)
+    for start in range(0, len(rewards), rows):
+        block = slice(start, start + rows)
+        adv[block] = _masked_gae(rewards[block], values[block], mask[block], bootstrap[block],
+                                 discount, coef[block] if isinstance(coef, Tensor) else coef,
+                                 out_dtype, last_is_step=False)
     return adv, adv + values
+
+
+def _rows_per_block(rewards: Tensor) -> int:
+    """Rows per block of the token kernel: all of them except on CPU over more than
+    :data:`CPU_BLOCK_ELEMENTS` (a GPU runs best on whole batches)."""
+    bs, width = rewards.shape
+    if rewards.device.type != "cpu" or bs * width <= CPU_BLOCK_ELEMENTS:
+        return bs
+    return max(1, CPU_BLOCK_ELEMENTS // max(1, width))
 
 
 def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tensor, *,

@@ -234,6 +234,19 @@ def test_token_gae_matches_loop(b):
         assert_close(got, want)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches(max_rows=7), st.integers(1, 200))
+def test_token_gae_in_row_blocks_matches_loop(monkeypatch, b, block_elements):
+    """Large CPU batches run in blocks of rows (a small block size here, so blocks of one
+    row, of several and a ragged last block all occur, with per-row λ split with them)."""
+    monkeypatch.setattr(kernels, "CPU_BLOCK_ELEMENTS", block_elements)
+    bs, width = b["rewards"].shape
+    assert kernels._rows_per_block(b["rewards"]) == (
+        bs if bs * width <= block_elements else max(1, block_elements // width))
+    for got, want in zip(run_token(compute_token_gae, b), run_token(token_gae_loop, b)):
+        assert_close(got, want)
+
+
 @settings(max_examples=400, deadline=None)
 @given(batches())
 def test_turn_gae_matches_loops(b):
