@@ -101,15 +101,7 @@ class BatchMeta:
                 raise ValueError(f"BatchMeta.rollout_groups: expected one entry (or None) per "
                                  f"prompt ({self.n_trajs}), got {len(groups)}")
             for i, (group, rows) in enumerate(zip(groups, sizes)):
-                if group is None:
-                    continue
-                if not isinstance(group, RolloutGroup):
-                    raise ValueError(f"BatchMeta.rollout_groups[{i}]: expected a RolloutGroup or "
-                                     f"None, got {type(group).__name__}")
-                try:
-                    group.validate_rows(rows)
-                except ValueError as exc:
-                    raise ValueError(f"BatchMeta.rollout_groups[{i}]: {exc}") from None
+                checked_rollout_group(group, rows, f"BatchMeta.rollout_groups[{i}]")
             object.__setattr__(self, "rollout_groups", groups)
 
     @property
@@ -249,16 +241,21 @@ def _prompt_shape(i: int, traj: Any, keys: list[str]) -> tuple[int, int]:
 
 
 def _prompt_group(i: int, traj: Mapping[str, Any], rows: int) -> Optional[RolloutGroup]:
-    group = traj.get(ROLLOUT_GROUP_KEY)
+    return checked_rollout_group(traj.get(ROLLOUT_GROUP_KEY), rows,
+                                 f"concat_batch: prompt {i} 'rollout_group'")
+
+
+def checked_rollout_group(group: Any, rows: int, where: str) -> Optional[RolloutGroup]:
+    """``group`` when it is None or a ``RolloutGroup`` that fits a prompt of ``rows`` rows;
+    otherwise a ``ValueError`` prefixed with ``where``."""
     if group is None:
         return None
     if not isinstance(group, RolloutGroup):
-        raise ValueError(f"concat_batch: prompt {i} 'rollout_group' must be a RolloutGroup "
-                         f"or None, got {type(group).__name__}")
+        raise ValueError(f"{where} must be a RolloutGroup or None, got {type(group).__name__}")
     try:
         group.validate_rows(rows)
     except ValueError as exc:
-        raise ValueError(f"concat_batch: prompt {i} 'rollout_group': {exc}") from None
+        raise ValueError(f"{where}: {exc}") from None
     return group
 
 
