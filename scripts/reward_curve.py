@@ -21,7 +21,8 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 TAG = "train/task_reward"
-COLORS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189)]
+COLORS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14),
+          (140, 86, 75), (227, 119, 194), (127, 127, 127)]  # matplotlib's tab10
 
 
 @dataclass
