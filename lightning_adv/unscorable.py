@@ -75,16 +75,19 @@ def select_rows(batch: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
 
 def select_meta(meta: Optional[BatchMeta], rows: Tensor) -> Optional[BatchMeta]:
     """``meta`` for the kept ``rows``: prompts without a kept row disappear, each rollout
-    group keeps its kept rollouts (whose rows must all be kept or all dropped)."""
+    group keeps its kept rollouts (whose rows must all be kept or all dropped), and
+    ``unscorable_members`` counts the rollouts each prompt lost."""
     if meta is None:
         return None
     kept = rows.tolist()
-    sizes, seqlens, groups, start = [], [], [], 0
+    sizes, seqlens, groups, left_out, start = [], [], [], [], 0
+    before = meta.unscorable_members or [0] * meta.n_trajs
     for i, size in enumerate(meta.traj_group_sizes):
         mine = kept[start:start + size]
         group = meta.rollout_groups[i] if meta.rollout_groups is not None else None
         counts, refs, offset = [], [], start
-        for j, rows_of_rollout in enumerate(group.row_counts if group is not None else [1] * size):
+        row_counts = group.row_counts if group is not None else [1] * size
+        for j, rows_of_rollout in enumerate(row_counts):
             flags = kept[offset:offset + rows_of_rollout]
             if len(set(flags)) > 1:
                 raise ValueError(f"rollout batch 'rewards': rows {offset}..{offset + rows_of_rollout - 1} "
@@ -96,13 +99,15 @@ def select_meta(meta: Optional[BatchMeta], rows: Tensor) -> Optional[BatchMeta]:
             offset += rows_of_rollout
         if sum(mine):
             sizes.append(sum(mine))
+            left_out.append(before[i] + len(row_counts) - len(counts))
             if meta.traj_seqlens is not None:
                 seqlens.append(meta.traj_seqlens[i])
             groups.append(RolloutGroup(tuple(counts), tuple(refs)) if group is not None else None)
         start += size
     return BatchMeta(n_trajs=len(sizes), traj_group_sizes=sizes,
                      traj_seqlens=seqlens if meta.traj_seqlens is not None else None,
-                     rollout_groups=groups if meta.rollout_groups is not None else None)
+                     rollout_groups=groups if meta.rollout_groups is not None else None,
+                     unscorable_members=left_out)
 
 
 def merge_rows(batch: Mapping[str, Any], selected: Mapping[str, Any],
