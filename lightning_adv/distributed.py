@@ -10,11 +10,18 @@ Outside torch.distributed every function here is a no-op.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+#: inside :func:`contributing_nothing`: this rank's collectives carry neutral elements
+_SILENT = contextvars.ContextVar("lightning_adv_contributing_nothing", default=False)
 
 
 class PeerRankFailed(RuntimeError):
@@ -52,19 +59,33 @@ def report_failure(device: Optional[torch.device]) -> None:
         _max_flag(1.0, device)
 
 
+@contextlib.contextmanager
+def contributing_nothing() -> Iterator[None]:
+    """Within the block, this rank joins every collective of this module as a rank that
+    holds no rows: its sums are zeros and its flags false. A rank whose rows are all
+    unscorable runs the pipeline on a stand-in batch this way, so its peers' collectives
+    are matched one for one (no hang) and their statistics are those of their rows only;
+    what the stand-in computes is thrown away. Failures are still reported."""
+    token = _SILENT.set(True)
+    try:
+        yield
+    finally:
+        _SILENT.reset(token)
+
+
 def all_reduce_sum(values: Tensor) -> Tensor:
     """Sum ``values`` over the data-parallel group (a copy; identity in one process)."""
     if not distributed():
         return values
     check_peers(values.device)
-    values = values.clone()
+    values = torch.zeros_like(values) if _SILENT.get() else values.clone()
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
 
 
-def any_across_ranks(flag: bool, device: torch.device) -> bool:
+def any_across_ranks(flag: bool, device: Optional[torch.device]) -> bool:
     """True if ``flag`` is true on any rank, so every rank takes the same branch."""
     if not distributed():
         return flag
     check_peers(device)
-    return _max_flag(1.0 if flag else 0.0, device) > 0
+    return _max_flag(1.0 if flag and not _SILENT.get() else 0.0, device) > 0

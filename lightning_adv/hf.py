@@ -17,6 +17,8 @@ character per token. The same arguments and seed write the same files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -90,6 +92,21 @@ def build_model(vocab_size: int, eos_token_id: int, pad_token_id: Optional[int],
     return model
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off within the block (``save_pretrained`` draws a
+    "Writing model shards" bar even for one shard), the caller's setting restored after."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
 def make_tiny(out: str | Path, arch: str = "qwen2", vocab_size: int = 300, pad_token: bool = True,
               hidden_size: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
               intermediate_size: int = 256, max_positions: int = 512, seed: int = 0) -> Path:
@@ -100,8 +117,9 @@ def make_tiny(out: str | Path, arch: str = "qwen2", vocab_size: int = 300, pad_t
                         hidden_size, layers, heads, kv_heads, intermediate_size, max_positions,
                         seed)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with no_progress_bars():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     return out
 
 

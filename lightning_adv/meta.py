@@ -80,6 +80,11 @@ class BatchMeta:
     """padded width of each prompt before concatenation"""
     rollout_groups: Optional[list[Optional[RolloutGroup]]] = None
     """per prompt: its logical rollouts, or None when every row is its own rollout"""
+    unscorable_members: Optional[list[int]] = None
+    """per prompt: logical rollouts left out as unscorable (``actor.unscorable_rewards:
+    exclude``). The module sets it on the meta of the rows it keeps, so a group stage can
+    tell a group that exclusion shrank to one member (advantage 0: no scored peer to
+    compare with) from a batch sampled with one response per prompt; None: none left out"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n_trajs, int) or isinstance(self.n_trajs, bool) or self.n_trajs < 0:
@@ -103,6 +108,12 @@ class BatchMeta:
             for i, (group, rows) in enumerate(zip(groups, sizes)):
                 checked_rollout_group(group, rows, f"BatchMeta.rollout_groups[{i}]")
             object.__setattr__(self, "rollout_groups", groups)
+        if self.unscorable_members is not None:
+            left_out = list(self.unscorable_members)
+            if len(left_out) != self.n_trajs or not all(is_int(n, minimum=0) for n in left_out):
+                raise ValueError(f"BatchMeta.unscorable_members: expected {self.n_trajs} "
+                                 f"non-negative integers or None, got {self.unscorable_members!r}")
+            object.__setattr__(self, "unscorable_members", left_out)
 
     @property
     def batch_size(self) -> int:
@@ -114,6 +125,15 @@ class BatchMeta:
         groups = self.rollout_groups or [None] * self.n_trajs
         return [g.n_rollouts if g is not None else rows
                 for g, rows in zip(groups, self.traj_group_sizes)]
+
+    @property
+    def shrunk_to_one(self) -> list[bool]:
+        """Per prompt: exclusion of unscorable rollouts left it one member of several
+        (:attr:`unscorable_members`); its group statistics compare it with nothing."""
+        if self.unscorable_members is None:
+            return [False] * self.n_trajs
+        return [n == 1 and out > 0
+                for n, out in zip(self.logical_group_sizes, self.unscorable_members)]
 
     @property
     def rollout_row_counts(self) -> list[int]:

@@ -22,7 +22,8 @@ from lightning_adv.contracts import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageContractCheck,
     TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
     check_process_result, check_temporal_result, read_only)
-from lightning_adv.distributed import PeerRankFailed, check_peers, report_failure
+from lightning_adv.distributed import (
+    PeerRankFailed, check_peers, contributing_nothing, report_failure)
 from lightning_adv.lambdas import resolve_lambda_fn
 from lightning_adv.meta import BatchMeta
 from lightning_adv.normalization import (
@@ -31,7 +32,8 @@ from lightning_adv.prm import resolve_process_mode
 from lightning_adv.reward_components import combine_reward_components
 from lightning_adv.rewards import MissingRefLogpWarning, apply_length_penalty, apply_truncated_reward
 from lightning_adv.stages import Stage, builtin_stage, resolve_stage
-from lightning_adv.unscorable import merge_rows, select_meta, select_rows, unscorable_rows
+from lightning_adv.unscorable import (
+    check_some_row_scored, merge_rows, replace_rows, select_meta, select_rows, unscorable_rows)
 from lightning_adv.validators import warn_caller
 from lightning_adv.workspace import ThreadWorkspaces
 
@@ -95,8 +97,11 @@ class AdvantageModule(nn.Module):
         try:
             with self.workspaces.get().active():
                 unscorable = unscorable_rows(batch, self.config)
+                check_some_row_scored(unscorable, batch, self.config)
                 if unscorable is None:
                     out = self._compute(batch, meta, prm)
+                elif bool(unscorable.all()):  # DDP only: another rank holds scored rows
+                    out = self.compute_for_peers(batch, meta, prm, unscorable)
                 else:
                     out = self.compute_without_rows(batch, meta, prm, unscorable)
         except PeerRankFailed:
@@ -131,6 +136,29 @@ class AdvantageModule(nn.Module):
         kept = ~unscorable
         selected = select_rows(batch, kept)
         out = self._compute(selected, select_meta(meta, kept), prm)
+        merged = merge_rows(batch, selected, out, kept, self.unscorable_filler(batch, unscorable))
+        merged["unscorable"] = unscorable
+        return merged
+
+    def compute_for_peers(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
+                          prm: Optional[PRMAdvantageShapingConfig],
+                          unscorable: Tensor) -> dict[str, Any]:
+        """Every row of this rank unscorable while a DDP peer holds scored rows: the
+        pipeline runs on a stand-in (rewards 0) contributing nothing to the collectives,
+        so the peers' statistics are their rows' alone and no collective is left waiting;
+        its numbers are thrown away and every row comes back unscorable (advantage 0)."""
+        rewards = batch["rewards"]
+        stand_in = {**batch, "rewards": torch.where(rewards.isnan(), 0.0, rewards)}
+        with contributing_nothing():
+            stand_out = self._compute(stand_in, meta, prm)
+        out = replace_rows(batch, stand_in, stand_out, self.unscorable_filler(batch, unscorable))
+        out["unscorable"] = unscorable
+        return out
+
+    def unscorable_filler(self, batch: Mapping[str, Any], unscorable: Tensor) -> dict[str, Tensor]:
+        """The output rows of the ``unscorable`` rows: advantage, KL and total rewards 0,
+        returns their own values (no critic signal), their real aligned loss mask and
+        log-probs (they count in token means like any zero-advantage row)."""
         dropped = select_rows(batch, unscorable)
         dropped["rewards"] = torch.zeros(int(unscorable.sum()), device=unscorable.device)
         facts = validate_batch(dropped, None, self.config)
@@ -145,9 +173,7 @@ class AdvantageModule(nn.Module):
             filler["prox_logp"] = aligned.prox_logp
         if aligned.mopd_behavior_logprobs is not None:
             filler["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
-        merged = merge_rows(batch, selected, out, kept, filler)
-        merged["unscorable"] = unscorable
-        return merged
+        return filler
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                         prm: Optional[PRMAdvantageShapingConfig], facts: BatchFacts) -> dict[str, Any]:

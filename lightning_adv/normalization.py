@@ -38,7 +38,9 @@ def check_group_members(key: str, norm: NormConfig, meta: Optional[BatchMeta],
     ``norm`` has one member: GRPO/RLOO/Dr.GRPO called without ``meta`` (``group_size`` 1),
     or a meta with one rollout per prompt. Each member then is its own group: a group mean
     subtracts the member itself and an unbiased group std is 1, so rewards become 0.
-    A batch where only some groups have one member (filtered prompts) is left alone.
+    A batch where only some groups have one member (filtered prompts) is left alone, and
+    so is one where exclusion of unscorable rows (``meta.unscorable_members``) shrank groups
+    of several members to one.
 
     Members are the logical rollouts of each prompt (``meta.logical_group_sizes``: its rows
     when it has no rollout group), or without meta the fixed ``group_size`` slices.
@@ -53,7 +55,10 @@ def check_group_members(key: str, norm: NormConfig, meta: Optional[BatchMeta],
         sizes = f"group_size {norm.group_size} and no meta"
     else:
         counts = meta.logical_group_sizes
-        if any(c != 1 for c in counts):
+        # Members left out as unscorable count: a group exclusion shrank to one member is
+        # no config mistake (its member gets advantage 0: nothing to compare it with).
+        left_out = meta.unscorable_members or [0] * len(counts)
+        if any(c + out != 1 for c, out in zip(counts, left_out)):
             return
         sizes = f"member counts {counts[:8]}{' ...' if len(counts) > 8 else ''}"
     if "mean_level" not in levels:

@@ -8,6 +8,11 @@ total rewards 0, returns equal to their own values (the critic gets no signal) a
 real aligned loss mask and log-probs, so they count in token means like any
 zero-advantage row (as TRL does). The output's ``unscorable`` ([B] bool) marks them.
 
+A batch whose rows are all unscorable is an error, except under torch.distributed while
+another rank holds a scored row: then this rank runs the pipeline on a stand-in (rewards
+0) inside :func:`~lightning_adv.distributed.contributing_nothing`, so it joins every
+collective as a rank without rows, and returns every row as unscorable (advantage 0).
+
 With ``[B, K]`` rewards a row is unscorable when every column is NaN (no reward function
 could score it, TRL's rule); a row with only some NaN columns is an error. Every row of
 a logical rollout must agree.
@@ -19,9 +24,11 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from lightning_adv.config import ActorConfig
+from lightning_adv.distributed import any_across_ranks, distributed
 from lightning_adv.meta import BatchMeta, RolloutGroup
 
 
@@ -47,10 +54,30 @@ def unscorable_rows(batch: Any, config: ActorConfig) -> Optional[Tensor]:
         raise ValueError(f"rollout batch 'rewards': rows {_first(rows)} are NaN (could not be "
                          f"scored); set actor.unscorable_rewards: exclude to leave such rows out "
                          f"of every statistic with advantage 0")
-    if bool(rows.all()):
-        raise ValueError(f"rollout batch 'rewards': every row is NaN (unscorable), nothing to "
-                         f"compute advantages from ({rows.numel()} rows)")
     return rows
+
+
+def check_some_row_scored(rows: Optional[Tensor], batch: Any, config: ActorConfig) -> None:
+    """Under ``exclude``: refuse a batch whose rows are all unscorable (``rows`` from
+    :func:`unscorable_rows`). Under torch.distributed the ranks agree first (one flag,
+    every rank, every call): a rank whose rows are all unscorable goes on while another
+    rank holds a scored row (it then joins the collectives contributing nothing), and
+    when no rank does, every rank raises together instead of one hanging its peers."""
+    if config.unscorable_rewards != "exclude":
+        return
+    none_scored = rows is not None and bool(rows.all())
+    if distributed():
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+        device = ids.device if isinstance(ids, Tensor) else None
+        if any_across_ranks(not none_scored, device):
+            return
+        where = f"on every one of the {dist.get_world_size()} ranks"
+    elif not none_scored:
+        return
+    else:
+        where = f"({rows.numel()} rows)"
+    raise ValueError(f"rollout batch 'rewards': every row is NaN (unscorable), nothing to "
+                     f"compute advantages from {where}")
 
 
 def _first(rows: Tensor) -> list[int]:
@@ -75,16 +102,19 @@ def select_rows(batch: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
 
 def select_meta(meta: Optional[BatchMeta], rows: Tensor) -> Optional[BatchMeta]:
     """``meta`` for the kept ``rows``: prompts without a kept row disappear, each rollout
-    group keeps its kept rollouts (whose rows must all be kept or all dropped)."""
+    group keeps its kept rollouts (whose rows must all be kept or all dropped), and
+    ``unscorable_members`` counts the rollouts each prompt lost."""
     if meta is None:
         return None
     kept = rows.tolist()
-    sizes, seqlens, groups, start = [], [], [], 0
+    sizes, seqlens, groups, left_out, start = [], [], [], [], 0
+    before = meta.unscorable_members or [0] * meta.n_trajs
     for i, size in enumerate(meta.traj_group_sizes):
         mine = kept[start:start + size]
         group = meta.rollout_groups[i] if meta.rollout_groups is not None else None
         counts, refs, offset = [], [], start
-        for j, rows_of_rollout in enumerate(group.row_counts if group is not None else [1] * size):
+        row_counts = group.row_counts if group is not None else [1] * size
+        for j, rows_of_rollout in enumerate(row_counts):
             flags = kept[offset:offset + rows_of_rollout]
             if len(set(flags)) > 1:
                 raise ValueError(f"rollout batch 'rewards': rows {offset}..{offset + rows_of_rollout - 1} "
@@ -96,13 +126,35 @@ def select_meta(meta: Optional[BatchMeta], rows: Tensor) -> Optional[BatchMeta]:
             offset += rows_of_rollout
         if sum(mine):
             sizes.append(sum(mine))
+            left_out.append(before[i] + len(row_counts) - len(counts))
             if meta.traj_seqlens is not None:
                 seqlens.append(meta.traj_seqlens[i])
             groups.append(RolloutGroup(tuple(counts), tuple(refs)) if group is not None else None)
         start += size
     return BatchMeta(n_trajs=len(sizes), traj_group_sizes=sizes,
                      traj_seqlens=seqlens if meta.traj_seqlens is not None else None,
-                     rollout_groups=groups if meta.rollout_groups is not None else None)
+                     rollout_groups=groups if meta.rollout_groups is not None else None,
+                     unscorable_members=left_out)
+
+
+def replace_rows(batch: Mapping[str, Any], stand_in: Mapping[str, Any],
+                 stand_out: Mapping[str, Any], filler: Mapping[str, Tensor]) -> dict[str, Any]:
+    """The output when every row is unscorable: the keys of the pipeline's output on a
+    ``stand_in`` batch (computed only to take part in the collectives), each row from
+    ``filler`` (zeros for keys it lacks), as :func:`merge_rows` gives dropped rows.
+    Pass-throughs are the caller's tensors again."""
+    out = dict(batch)
+    n = next(iter(filler.values())).shape[0]
+    for key, value in stand_out.items():
+        if key in stand_in and value is stand_in[key]:
+            continue  # a pass-through: out holds the caller's tensor
+        if not isinstance(value, Tensor) or value.ndim == 0 or value.shape[0] != n:
+            out[key] = value
+        elif key in filler:
+            out[key] = filler[key].to(device=value.device, dtype=value.dtype)
+        else:
+            out[key] = torch.zeros_like(value)
+    return out
 
 
 def merge_rows(batch: Mapping[str, Any], selected: Mapping[str, Any],

@@ -50,6 +50,47 @@ def test_missing_directory_files_and_tokenizer_are_named(tmp_path, tiny_lm):
         check_hf_policy(policy_config("nobody/no-such-model"))
 
 
+def test_an_unloadable_directory_names_the_key_path_expected_files_and_make_tiny(tmp_path,
+                                                                                   tiny_lm):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_lm, broken)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ValueError) as info:
+        check_hf_policy(policy_config(str(broken)))
+    message = str(info.value)
+    assert message.startswith(f"policy.pretrained: cannot load the model config of '{broken}': ")
+    for part in ("expected a Hugging Face model directory", "config.json",
+                 "model.safetensors", "tokenizer.json",
+                 "python -m lightning_adv.hf make-tiny --out models/tiny_lm",
+                 "--model.policy.pretrained=models/tiny_lm"):
+        assert part in message, (part, message)
+    # The checks before loading give the same expectation and hint.
+    for path in ("./nowhere", "nobody/no-such-model"):
+        with pytest.raises(ValueError, match=r"expected a Hugging Face model directory.*"
+                                             r"python -m lightning_adv.hf make-tiny"):
+            check_hf_policy(policy_config(path))
+
+
+def test_saving_prints_no_progress_bars(tmp_path, tiny_lm, capfd):
+    from transformers.utils import logging
+
+    from lightning_adv.hf import make_tiny
+
+    logging.enable_progress_bar()  # as a user's session might have it
+    try:
+        make_tiny(tmp_path / "tiny")
+        policy = build_hf_policy(policy_config(tiny_lm), seed=0)
+        logging.enable_progress_bar()
+        policy.save_pretrained(tmp_path / "saved", AutoTokenizer.from_pretrained(tiny_lm))
+        captured = capfd.readouterr()
+        assert "Writing model shards" not in captured.err + captured.out
+        assert logging.is_progress_bar_enabled()  # the caller's setting is restored
+    finally:
+        logging.disable_progress_bar()
+    assert (tmp_path / "tiny" / "model.safetensors").is_file()
+    assert (tmp_path / "saved" / "model.safetensors").is_file()
+
+
 def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
     ViTModel(ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=8, image_size=8, patch_size=4)).save_pretrained(tmp_path)

@@ -194,6 +194,9 @@ def test_ddp_gives_the_advantages_of_one_process_on_the_global_batch(tiny_lm, tm
 
 @pytest.mark.parametrize("config, override, code, message", [
     ("hf_grpo", "--model.policy.pretrained=./no/such/dir", 2, "model.policy.pretrained: no such"),
+    ("hf_grpo", "--model.policy.pretrained=BROKEN", 2,
+     r"model.policy.pretrained: cannot load the model config of '.*broken': .*; expected a "
+     r"Hugging Face model directory .*config.json.* python -m lightning_adv.hf make-tiny"),
     ("hf_grpo", "--model.policy.dtype=float16", 2, "model.policy.dtype: float16 needs a GPU"),
     ("hf_grpo", "--model.task.dataset=BAD", 2, "model.task.dataset: line 2 of .* has no 'prompt'"),
     ("hf_ppo", "--model.policy.critic_pretrained=./nowhere", 2,
@@ -215,6 +218,11 @@ def test_bad_hf_input_stops_before_training_naming_the_key(config, override, cod
         long.write_text('{"prompt": "ab", "answer": "ba"}\n{"prompt": "%s", "answer": "x"}\n'
                         % ("a" * 600))
         override = override.replace("LONG", str(long))
+    if "BROKEN" in override:  # a model directory whose config.json is not JSON
+        broken = tmp_path / "broken"
+        shutil.copytree(tiny_lm, broken)
+        (broken / "config.json").write_text("{not json")
+        override = override.replace("BROKEN", str(broken))
     if "float16" in override and torch.cuda.is_available():
         pytest.skip("float16 is fine on a GPU")
     with pytest.raises(SystemExit) as exit_info:

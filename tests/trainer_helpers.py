@@ -16,6 +16,19 @@ def nan_reward(sample):
     return math.nan
 
 
+def sometimes_unscorable(sample):
+    """Exact match, but None (could not score) for responses of odd length: a reward
+    function that gives up on some rows (a verifier that cannot parse the answer)."""
+    if len(sample.response) % 2:
+        return None
+    return float(sample.response == sample.target)
+
+
+def nan_when_odd(sample):
+    """As :func:`sometimes_unscorable`, with NaN for "could not score"."""
+    return math.nan if len(sample.response) % 2 else float(sample.response == sample.target)
+
+
 def string_reward(sample):
     return "1.0"
 
@@ -39,6 +52,13 @@ def per_turn_scorer(sample):
 class EmptyPromptTask(ReverseTask):
     def prompt(self, instance):
         return ""
+
+
+class UnscorableReverseTask(ReverseTask):
+    """``reverse`` whose own reward gives up (None) on responses of odd length."""
+
+    def reward(self, sample):
+        return None if len(sample.response) % 2 else super().reward(sample)
 
 
 class EmptyReplyTask(Task):
@@ -111,6 +131,17 @@ def ddp_fit(config: Path, save_dir: Path, record: Path, *args: str,
            f"--trainer.logger.init_args.save_dir={save_dir}",
            f"--model.advantage_module=trainer_helpers.{recorder}", *args]
     return subprocess.run(cmd, cwd=save_dir, env=env, capture_output=True, text=True, timeout=600)
+
+
+class UnscorableRecordingAdvantageModule(RecordingAdvantageModule):
+    """Records, with each call's result, its input rewards (NaN: unscorable) and the
+    ``unscorable`` output."""
+
+    def record(self, batch, meta, out):
+        kept = super().record(batch, meta, out)
+        kept.update(input_rewards=batch["rewards"].clone(), unscorable=out["unscorable"],
+                    group_sizes=list(meta.traj_group_sizes))
+        return kept
 
 
 class BatchRecordingAdvantageModule(RecordingAdvantageModule):

@@ -97,7 +97,9 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
     generated positions, ``pi_j`` the old probability of the sampled token. Each response
     is one row (a logical rollout split over several rows is an error). Step t is
     counted from each row's first generated token, so rows of one prompt line up however
-    their prompts are padded. A group of one row has baseline 0 (A = G). Values are not
+    their prompts are padded. A group of one row has baseline 0 (A = G, as verl), except
+    one that exclusion of unscorable rows shrank to one (``meta.shrunk_to_one``): its
+    baseline is its own return (A = 0), no scored peer to compare with. Values are not
     used. Source: verl's ``optimal_token_baseline`` estimator (Optimal Token Baseline).
     """
     where = "estimator 'optimal_token_baseline'"
@@ -134,5 +136,7 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
     denominator = torch.zeros_like(numerator).index_add_(0, cell[active], weights.flatten()[active])
     baseline = (numerator[cell] / (denominator[cell] + eps)).reshape(bs, width)
     baseline = torch.where((sizes[row_group] > 1)[:, None], baseline, torch.zeros_like(baseline))
+    shrunk = torch.tensor(inputs.meta.shrunk_to_one, dtype=torch.bool, device=mask.device)
+    baseline = torch.where(shrunk[row_group][:, None], returns, baseline)
     advantages = ((returns - baseline) * mask).float()
     return TemporalResult(advantages, returns.float(), rewards)

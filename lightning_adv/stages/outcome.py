@@ -151,14 +151,16 @@ def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
 
     Responses are logical rollouts: every row of the best one gets its reward. Of
     responses tied for the maximum, the first one is the best, and it gets 0 (``r_max =
-    r_second``). A group of one response has no second best: an error. Source: verl's
-    ``grpo_passk`` estimator (pass@k training; verl cites arXiv:2503.19595).
+    r_second``). A group of one response has no second best: an error, unless exclusion
+    of unscorable responses shrank it to one (``meta.shrunk_to_one``), which gets 0.
+    Source: verl's ``grpo_passk`` estimator (pass@k training; verl cites arXiv:2503.19595).
     """
     roll = _rollouts(inputs, "passk_baseline")
     groups, n, r = roll.group, roll.n_groups, roll.rewards
     count = _group_counts(groups, n, r)
-    if bool((count < 2).any()):
-        single = (count < 2).nonzero().flatten().tolist()
+    shrunk = torch.tensor(inputs.meta.shrunk_to_one, dtype=torch.bool, device=r.device)
+    if bool(((count < 2) & ~shrunk).any()):
+        single = ((count < 2) & ~shrunk).nonzero().flatten().tolist()
         raise ValueError(f"outcome_reward_shaping 'passk_baseline': pass@k needs at least two "
                          f"responses per prompt group; groups {single[:10]} have one (sample "
                          f"more responses per prompt, e.g. ppo.n_samples >= 2)")
@@ -174,8 +176,9 @@ def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
     gap = top - second
     if std_normalize:
         mean = _group_sum(r, groups, n) / count
-        var = _group_sum((r - mean[groups]) ** 2, groups, n) / (count - 1)
+        var = _group_sum((r - mean[groups]) ** 2, groups, n) / (count - 1).clamp_min(1.0)
         gap = gap / (var.sqrt() + eps)
+    gap = torch.where(count >= 2, gap, 0.0)  # a shrunk group's lone member: no second best
     per_rollout = torch.where(best, gap[groups], 0.0)
     return OutcomeResult(rewards=per_rollout[roll.member].float())
 

@@ -57,8 +57,10 @@ class DynamicSamplingResult:
 
 
 def has_signal(group: Sequence[Any]) -> bool:
-    """The group's rewards are not all equal (DAPO keeps groups with std > 0)."""
-    return len({ep.reward for ep in group}) > 1
+    """The group's scored rewards are not all equal (DAPO keeps groups with std > 0).
+    Unscorable episodes (NaN, ``actor.unscorable_rewards: exclude``) are left out, as the
+    advantage module leaves them out of the group: NaN != NaN must not count as a spread."""
+    return len({ep.reward for ep in group if not math.isnan(ep.reward)}) > 1
 
 
 def sample_with_signal(first: Sequence[int], sample: Callable[[list[int]], list[Any]],

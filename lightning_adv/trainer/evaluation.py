@@ -120,16 +120,26 @@ class EvalMetrics(nn.Module):
 
     def update(self, greedy: Sequence[Sequence[Any]], sampled: Sequence[Sequence[Any]],
                threshold: float) -> None:
-        """``greedy``/``sampled``: per prompt, its scored episodes."""
+        """``greedy``/``sampled``: per prompt, its scored episodes.
+
+        Unscorable responses (NaN rewards, ``actor.unscorable_rewards: exclude``) are left
+        out: the greedy means are over the prompts whose greedy response was scored,
+        ``reward_mean`` over each prompt's scored samples, and pass@k counts a prompt's
+        scored samples as its ``n`` (a prompt with fewer than ``k`` is left out of pass@k).
+        """
         first = torch.tensor([group[0].reward for group in greedy], dtype=torch.float64)
-        self.means["reward_greedy"].update(first)
-        self.means["solved_greedy"].update((first >= threshold).double())
+        scored = ~first.isnan()
+        self.means["reward_greedy"].update(first.nan_to_num(0.0), scored.double())
+        self.means["solved_greedy"].update((first >= threshold).double(), scored.double())
         rewards = torch.tensor([[ep.reward for ep in group] for group in sampled], dtype=torch.float64)
-        self.means["reward_mean"].update(rewards.mean(1))
-        n, correct = rewards.shape[1], (rewards >= threshold).sum(1).tolist()
+        n = (~rewards.isnan()).sum(1)
+        self.means["reward_mean"].update((rewards.nan_to_num(0.0).sum(1) / n.clamp_min(1)),
+                                         (n > 0).double())
+        correct = (rewards >= threshold).sum(1)  # NaN >= threshold is False
         for k in self.pass_k:
-            values = torch.tensor([pass_at_k(n, c, k) for c in correct], dtype=torch.float64)
-            self.means[f"pass_at_{k}"].update(values)
+            values = torch.tensor([pass_at_k(int(m), int(c), k) if m >= k else 0.0
+                                   for m, c in zip(n, correct)], dtype=torch.float64)
+            self.means[f"pass_at_{k}"].update(values, (n >= k).double())
 
     def items(self) -> list[tuple[str, MeanMetric]]:
         return [(name.replace("_at_", "@"), metric) for name, metric in self.means.items()]
@@ -142,7 +152,9 @@ def prediction_records(greedy: Sequence[Sequence[Any]], sampled: Sequence[Sequen
     for greedy_group, group in zip(greedy, sampled):
         for number, ep in [(None, greedy_group[0])] + list(enumerate(group)):
             records.append({"prompt_index": ep.index, "prompt": ep.sample.prompt,
-                            "response": ep.sample.response, "reward": ep.reward,
+                            "response": ep.sample.response,
+                            # JSON has no NaN: an unscorable response's reward is null
+                            "reward": None if math.isnan(ep.reward) else ep.reward,
                             "greedy": number is None, "sample": number})
     return records
 

@@ -50,22 +50,34 @@ def _hub_env() -> None:
     logging.disable_progress_bar()
 
 
+def expected_directory(key: str) -> str:
+    """What a model directory must hold, and how to make a tiny local one: the tail of
+    every error about an unusable ``key`` (``policy.pretrained``; ``model.`` on the CLI)."""
+    return (f"expected a Hugging Face model directory as save_pretrained writes it: "
+            f"config.json, weights ({' or '.join(WEIGHT_FILES[:3:2])}) and tokenizer files "
+            f"(tokenizer.json or tokenizer_config.json), or a hub id with network access. For "
+            f"a tiny random local model: python -m lightning_adv.hf make-tiny --out "
+            f"models/tiny_lm, then --model.{key}=models/tiny_lm")
+
+
 def check_model_location(path: str, key: str) -> bool:
     """Check a local model directory's files; True for a local directory, False for a
-    hub id (left to ``from_pretrained``). Errors name ``key``."""
+    hub id (left to ``from_pretrained``). Errors name ``key``, the path and what a model
+    directory holds."""
     looks_local = os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path)
     if not os.path.isdir(os.path.expanduser(path)):
         if looks_local or path.count("/") > 1:
             raise ValueError(f"{key}: no such directory {path!r} (a Hugging Face model directory "
-                             f"or a hub id such as Qwen/Qwen2.5-0.5B)")
+                             f"or a hub id such as Qwen/Qwen2.5-0.5B); {expected_directory(key)}")
         return False
     directory = Path(path).expanduser()
     if not (directory / "config.json").is_file():
-        raise ValueError(f"{key}: {path!r} has no config.json: not a Hugging Face model directory")
+        raise ValueError(f"{key}: {path!r} has no config.json: not a Hugging Face model "
+                         f"directory; {expected_directory(key)}")
     if not any((directory / name).is_file() for name in WEIGHT_FILES) and not any(
             directory.glob("*.safetensors")):
         raise ValueError(f"{key}: {path!r} has no model weights (expected one of "
-                         f"{', '.join(WEIGHT_FILES[:3])})")
+                         f"{', '.join(WEIGHT_FILES[:3])}); {expected_directory(key)}")
     return True
 
 
@@ -81,7 +93,8 @@ def load_config(path: str, key: str, trust_remote_code: bool) -> Any:
         what = ("the model config of" if local else
                 "no local directory and no model on the hub (or HF_HUB_OFFLINE is set) named")
         raise ValueError(f"{key}: cannot load {what} {path!r}: "
-                         f"{type(exc).__name__}: {str(exc)[:300]}") from None
+                         f"{type(exc).__name__}: {str(exc)[:300].rstrip('. ')}; "
+                         f"{expected_directory(key)}") from None
     remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not (
             remote and trust_remote_code):
@@ -97,14 +110,15 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
     directory = Path(path).expanduser()
     if directory.is_dir() and not any((directory / n).is_file() for n in TOKENIZER_FILES):
         raise ValueError(f"{key}: {path!r} has no tokenizer (expected tokenizer.json or "
-                         f"tokenizer_config.json beside the model)")
+                         f"tokenizer_config.json beside the model); {expected_directory(key)}")
     try:
         # Left padding is what batched generation needs; the trainer pads its own batches.
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                              padding_side="left")
     except Exception as exc:
         raise ValueError(f"{key}: cannot load the tokenizer of {path!r}: "
-                         f"{type(exc).__name__}: {exc}") from None
+                         f"{type(exc).__name__}: {str(exc)[:300].rstrip('. ')}; "
+                         f"{expected_directory(key)}") from None
 
 
 def context_window(config: Any) -> Optional[int]:
@@ -250,17 +264,20 @@ class HFPolicy(nn.Module):
         state (gathered from shards under FSDP) instead of its own parameters."""
         from safetensors.torch import save_file
 
+        from lightning_adv.hf import no_progress_bars
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = state_dict if state_dict is not None else self.state_dict()
         model = self.model
-        if self.lora is not None and self.lora.save == "merged":
-            model = copy.deepcopy(model).merge_and_unload()
-            model.save_pretrained(directory)
-        else:
-            model.save_pretrained(directory, state_dict=_part(state, "model.")
-                                  if state_dict is not None else None)
-        tokenizer.save_pretrained(directory)
+        with no_progress_bars():  # "Writing model shards" at every checkpoint otherwise
+            if self.lora is not None and self.lora.save == "merged":
+                model = copy.deepcopy(model).merge_and_unload()
+                model.save_pretrained(directory)
+            else:
+                model.save_pretrained(directory, state_dict=_part(state, "model.")
+                                      if state_dict is not None else None)
+            tokenizer.save_pretrained(directory)
         if self.value_head is not None:
             head = {k: v.detach().float().cpu().contiguous()
                     for k, v in _part(state, "value_head.").items()}

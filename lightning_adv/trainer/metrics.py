@@ -22,9 +22,11 @@ from torchmetrics import ExplainedVariance, MeanMetric
 
 #: metric name (logged as ``train/<name>``) -> what it averages over episodes
 ROW_MEANS = {
-    "task_reward": "task (outcome) reward per episode, as the task function returned it",
+    "task_reward": "task (outcome) reward per episode, as the task function returned it "
+                   "(over the scored episodes: unscorable ones, NaN, are left out)",
     "rlhf_reward": "per episode: task reward + its summed KL penalty + its summed process "
-                   "rewards, before any normalization (TRL's objective/rlhf_reward)",
+                   "rewards, before any normalization (TRL's objective/rlhf_reward); over "
+                   "the scored episodes",
     "response_length": "generated tokens per episode (all turns)",
     "truncated": "fraction of episodes whose last turn hit the token limit",
     "turns": "policy turns per episode",
@@ -55,6 +57,13 @@ class StepMetrics(nn.Module):
         value = value.detach().float()
         self.means[name].update(value, torch.ones_like(value) if weight is None
                                 else weight.detach().float())
+
+    def update_scored(self, name: str, value: Tensor) -> None:
+        """:meth:`update` over the finite entries of ``value`` only: NaN marks an unscorable
+        episode (``actor.unscorable_rewards: exclude``), which has no reward to average. A
+        step with none scored adds nothing (under DDP the other ranks' episodes count)."""
+        scored = ~torch.isnan(value)
+        self.update(name, torch.where(scored, value, torch.zeros_like(value)), scored.float())
 
     def update_values(self, values: Tensor, returns: Tensor, mask: Tensor) -> None:
         active = mask > 0

@@ -47,7 +47,8 @@ from lightning_adv.module import AdvantageModule
 from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
-from lightning_adv.trainer.recipe_inputs import check_greedy_baseline, greedy_rewards, sum_pi_squared
+from lightning_adv.trainer.recipe_inputs import (
+    baseline_rewards, check_greedy_baseline, greedy_rewards, sum_pi_squared)
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
@@ -277,7 +278,8 @@ class PPOModule(pl.LightningModule):
 
         hf = check_hf_options(self.policy_config, self.ppo_config, self.task_config)
         self.runtime, self.max_new_tokens, max_len = task_runtime(
-            self.task_config, self.ppo_config, self.policy_config, hf)
+            self.task_config, self.ppo_config, self.policy_config, hf,
+            self.actor_config.unscorable_rewards)
         check_length_penalty(self.actor_config, self.runtime, self.max_new_tokens)
         check_rollout_shape(self.actor_config, self.ppo_config, self.task_config, self.runtime)
         self._seed = seed
@@ -578,7 +580,7 @@ class PPOModule(pl.LightningModule):
                              kv_cache=self.ppo_config.kv_cache)
         self.policy.train()
         score(groups, self.runtime)
-        return [group[0].reward for group in groups]
+        return baseline_rewards(groups)
 
     @torch.no_grad()
     def make_batch(self, groups: list[list[Any]],
@@ -667,8 +669,10 @@ class PPOModule(pl.LightningModule):
         episodes = [ep for group in groups for ep in group]
         task_rewards = torch.tensor([ep.reward for ep in episodes], device=m.device)
         reported = [ep.reward for group in (sampled or groups) for ep in group]
-        metrics.update("task_reward", torch.tensor(reported, device=m.device))
-        metrics.update("rlhf_reward", rlhf_rewards(task_rewards, out))
+        # Unscorable episodes (NaN, actor.unscorable_rewards: exclude) have no reward to
+        # average: the reward means are over the scored ones (the lengths count them all).
+        metrics.update_scored("task_reward", torch.tensor(reported, device=m.device))
+        metrics.update_scored("rlhf_reward", rlhf_rewards(task_rewards, out))
         metrics.update("response_length", batch["loss_mask"].sum(1).float())
         metrics.update("truncated", batch["is_truncated"].float())
         metrics.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
@@ -738,14 +742,16 @@ def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> 
     return check_hf_policy(policy, task.chat_template)
 
 
-def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any
-                 ) -> tuple[TaskRuntime, int, int]:
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any,
+                 unscorable_rewards: str = "error") -> tuple[TaskRuntime, int, int]:
     """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
-    ``hf``), the tokens per policy turn and the built-in policy's sequence length. With a
+    ``hf``), the tokens per policy turn and the built-in policy's sequence length; under
+    ``unscorable_rewards: exclude`` its reward may be None or NaN (unscorable). With a
     HF policy every prompt must leave room in the context window for the episode: every
     turn's limit and the replies between (counted in the task's symbols; a chat
     template's framing is checked while sampling)."""
-    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None)
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None,
+                          unscorable_rewards=unscorable_rewards)
     max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
     if hf is not None:
         t = runtime.task
@@ -907,7 +913,7 @@ def validate_model_config(values: Mapping[str, Any],
         from lightning_adv.trainer.hf_policy import check_device_dtype
 
         check_device_dtype(policy.dtype, "cpu")
-    runtime, max_new_tokens, _ = task_runtime(task, ppo, policy, hf)
+    runtime, max_new_tokens, _ = task_runtime(task, ppo, policy, hf, actor.unscorable_rewards)
     # A dataset's every line (a missing prompt, one too long for the model) fails here,
     # before training; drawn tasks check the prompts of the first steps.
     runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)

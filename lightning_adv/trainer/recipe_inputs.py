@@ -12,14 +12,16 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_adv.trainer.sampling import generate, score
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.tasks import TaskError, TaskRuntime
 
 
 def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
@@ -39,7 +41,20 @@ def greedy_rewards(policy: torch.nn.Module, runtime: TaskRuntime, indices: Seque
                       torch.Generator(), kv_cache=kv_cache, greedy=True)
     policy.train(was_training)
     score(groups, runtime)
-    return [group[0].reward for group in groups]
+    return baseline_rewards(groups)
+
+
+def baseline_rewards(groups: Sequence[Sequence[Any]]) -> list[float]:
+    """The reward of each group's one greedy episode: ReMax's baselines. An unscorable
+    greedy response (NaN under ``actor.unscorable_rewards: exclude``) is refused: a baseline
+    must be a number, and dropping the prompt's sampled rows instead would hide it."""
+    rewards = [group[0].reward for group in groups]
+    bad = [group[0].index for group, r in zip(groups, rewards) if math.isnan(r)]
+    if bad:
+        raise TaskError(f"ppo.greedy_baseline: the reward function could not score (None or "
+                        f"NaN) the greedy response to prompts {bad[:10]}, and ReMax's baseline "
+                        f"(reward_baselines) needs a reward for every prompt's greedy response")
+    return rewards
 
 
 def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:

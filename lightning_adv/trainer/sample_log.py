@@ -5,6 +5,7 @@ one table of prompt, response and task reward, the first response of each of the
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,5 +43,6 @@ def samples_markdown(groups: Sequence[Sequence[Any]], count: int) -> str:
     lines = ["| prompt | response | reward |", "|---|---|---|"]
     for group in list(groups)[:count]:
         ep = group[0]
-        lines.append(f"| {_cell(ep.sample.prompt)} | {_cell(ep.sample.response)} | {ep.reward:.3f} |")
+        reward = "unscorable" if math.isnan(ep.reward) else f"{ep.reward:.3f}"
+        lines.append(f"| {_cell(ep.sample.prompt)} | {_cell(ep.sample.response)} | {reward} |")
     return "\n".join(lines)

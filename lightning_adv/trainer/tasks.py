@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal, Optional, Union
 import torch
 
 from lightning_adv.validators import check_int, is_int
-from lightning_adv.config import check_json_kwargs, is_dotted_path
+from lightning_adv.config import UNSCORABLE_ACTIONS, check_json_kwargs, is_dotted_path
 from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -429,8 +429,15 @@ class TaskRuntime:
     """
 
     def __init__(self, config: TaskConfig, tokenizer: Any = None,
-                 context_window: Optional[int] = None, episode_budget: int = 0):
+                 context_window: Optional[int] = None, episode_budget: int = 0,
+                 unscorable_rewards: str = "error"):
+        if unscorable_rewards not in UNSCORABLE_ACTIONS:
+            raise ValueError(f"actor.unscorable_rewards: expected one of "
+                             f"{', '.join(UNSCORABLE_ACTIONS)}, got {unscorable_rewards!r}")
         self.config = config
+        self.unscorable_rewards = unscorable_rewards
+        """``actor.unscorable_rewards``: under ``exclude`` a reward function may return None
+        or NaN for a response it cannot score (:meth:`reward` gives NaN)"""
         self.where = (f"task.dataset {config.dataset!r}" if config.dataset is not None
                       else f"task.name {config.name!r}")
         self.task = build_task(config)
@@ -525,9 +532,33 @@ class TaskRuntime:
         return text, self.vocab.encode_reply(text, ended_with, where, TaskError)
 
     def reward(self, sample: Sample, sample_no: int) -> float:
+        """The checked outcome reward of ``sample``. A reward function returns None (or NaN)
+        for a response it cannot score (a verifier that timed out, an answer it cannot
+        parse): NaN under ``actor.unscorable_rewards: exclude`` (the advantage module leaves
+        the row out, advantage 0), else an error naming the function and the row."""
         value = self._reward(sample)
-        return checked_user_number(value, f"{self.reward_where}", f"prompt {sample.index}, sample "
-                            f"{sample_no} (response {sample.response!r})", "reward")
+        what = f"prompt {sample.index}, sample {sample_no} (response {sample.response!r})"
+        if is_unscorable(value):
+            if self.unscorable_rewards == "exclude":
+                return math.nan
+            got = "is None" if value is None else "must be finite, got nan"
+            raise TaskError(f"{self.reward_where}: reward for {what} {got}, i.e. the function "
+                            f"could not score the response; return a float, or set "
+                            f"actor.unscorable_rewards: exclude to train without such responses "
+                            f"(advantage 0, left out of every reward statistic)")
+        return checked_user_number(value, f"{self.reward_where}", what, "reward")
+
+
+def is_unscorable(value: Any) -> bool:
+    """A reward function's "could not score": None, a float NaN or a one-element NaN tensor
+    (infinities are not: they are a bug, refused by :func:`checked_user_number`)."""
+    if value is None:
+        return True
+    if isinstance(value, torch.Tensor):
+        return (value.numel() == 1 and value.is_floating_point()
+                and bool(torch.isnan(value).all()))
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isnan(float(value)))
 
 
 def checked_user_number(value: Any, where: str, what: str, field_name: str) -> float:
@@ -586,5 +617,5 @@ def build_task(config: TaskConfig) -> Task:
 __all__ = [
     "Vocab", "Turn", "Sample", "Task", "ReverseTask", "AdditionTask", "GuessTask",
     "BUILTIN_TASKS", "position_match", "guess_consistency", "TaskConfig", "TaskRuntime",
-    "build_task", "checked_user_number", "PAD", "BOS", "EOS",
+    "build_task", "checked_user_number", "is_unscorable", "PAD", "BOS", "EOS",
 ]
