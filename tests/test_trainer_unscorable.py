@@ -150,9 +150,9 @@ def test_a_greedy_baseline_must_be_scored():
 
 # ---------------------------------------------------------------------- end to end
 
-def cli_fit(tmp_path, monkeypatch, *extra):
-    """``python -m lightning_adv fit`` (in process) of configs/grpo.yaml, two small steps,
-    with a reward function that cannot score responses of odd length."""
+def cli_fit(tmp_path, monkeypatch, *extra, config_name="grpo"):
+    """``python -m lightning_adv fit`` (in process) of configs/<config_name>.yaml, two small
+    steps, with a reward function that cannot score responses of odd length."""
     import sys
     from pathlib import Path
 
@@ -162,7 +162,7 @@ def cli_fit(tmp_path, monkeypatch, *extra):
     record = tmp_path / "record"
     record.mkdir()
     monkeypatch.setenv("LIGHTNING_ADV_RECORD", str(record))
-    config = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
+    config = Path(__file__).resolve().parents[1] / "configs" / f"{config_name}.yaml"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         main(["fit", "--config", str(config), f"--trainer.logger.init_args.save_dir={tmp_path}",
@@ -172,7 +172,7 @@ def cli_fit(tmp_path, monkeypatch, *extra):
               "--model.evaluation.num_prompts=8", f"--model.task.reward={HELPER}",
               "--model.advantage_module=trainer_helpers.UnscorableRecordingAdvantageModule",
               *extra])
-    return record, tmp_path / "grpo" / "version_0"
+    return record, tmp_path / config_name / "version_0"
 
 
 def test_fit_trains_without_unscorable_rows_and_logs_their_fraction(tmp_path, monkeypatch):
@@ -196,6 +196,35 @@ def test_fit_trains_without_unscorable_rows_and_logs_their_fraction(tmp_path, mo
     assert all(0 < f < 1 for f in fractions), fractions  # the seed gives both kinds
     for tag in ("val/reward_greedy", "val/reward_mean", "val/pass@1", "train/advantages_mean"):
         assert all(math.isfinite(v) for v in logged[tag].values()), tag
+
+
+def test_explained_variance_leaves_unscorable_rows_out(tmp_path, monkeypatch):
+    """An unscorable row's returns are its own values (no target, so no critic signal):
+    counted, its tokens would be perfectly predicted ones and pull the critic's explained
+    variance towards 1."""
+    from torchmetrics.functional import explained_variance
+
+    from test_cli import scalars
+
+    record, log_dir = cli_fit(tmp_path, monkeypatch, "--model.actor.unscorable_rewards=exclude",
+                              "--model.task.reward=trainer_helpers.graded_unless_odd",
+                              config_name="ppo")
+    logged = scalars(log_dir)["train/explained_variance"]
+    for step in range(2):
+        call = torch.load(record / f"rank0_call{step}.pt")
+        nan = call["input_rewards"].isnan()
+        assert 0 < int(nan.sum()) < len(nan)  # the seed gives both kinds
+        active = call["loss_mask"] > 0
+
+        def ev(rows):
+            chosen = active & rows[:, None]
+            return float(explained_variance(call["input_values"][chosen].float(),
+                                            call["returns"][chosen].float()))
+
+        assert logged[step] == pytest.approx(ev(~nan), abs=1e-5)
+    # (Step 0's values are all 0, the value head's initialization: every row then has
+    # residual = return. After one update they differ, and so do the two means.)
+    assert abs(ev(~nan) - ev(torch.ones_like(nan))) > 1e-3
 
 
 def test_fit_under_the_default_stops_naming_the_reward_function(tmp_path, monkeypatch, capsys):

@@ -29,6 +29,15 @@ def nan_when_odd(sample):
     return math.nan if len(sample.response) % 2 else float(sample.response == sample.target)
 
 
+def graded_unless_odd(sample):
+    """The fraction of target positions the response matches (a spread of rewards from an
+    untrained policy), but None (could not score) for responses of odd length."""
+    if len(sample.response) % 2:
+        return None
+    hits = sum(a == b for a, b in zip(sample.response, sample.target))
+    return hits / max(len(sample.target), 1)
+
+
 def string_reward(sample):
     return "1.0"
 
@@ -141,6 +150,8 @@ class UnscorableRecordingAdvantageModule(RecordingAdvantageModule):
         kept = super().record(batch, meta, out)
         kept.update(input_rewards=batch["rewards"].clone(), unscorable=out["unscorable"],
                     group_sizes=list(meta.traj_group_sizes))
+        if "values" in batch:
+            kept["input_values"] = batch["values"].clone()
         return kept
 
 

@@ -677,7 +677,10 @@ class PPOModule(pl.LightningModule):
         metrics.update("truncated", batch["is_truncated"].float())
         metrics.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
         if self.critic:
-            metrics.update_values(batch["values"], out["returns"], m)
+            # An unscorable row's returns are its own values (it has no target): counted,
+            # its tokens would be perfectly predicted ones and lift explained variance.
+            scored = m if "unscorable" not in out else m * ~out["unscorable"][:, None]
+            metrics.update_values(batch["values"], out["returns"], scored)
         self.adv_metrics.update(out, meta)
         values = {**metrics.compute(), **self.adv_metrics.compute()}
         self.adv_metrics.reset()
