@@ -241,10 +241,18 @@ def test_token_gae_in_row_blocks_matches_loop(monkeypatch, b, block_elements):
     row, of several and a ragged last block all occur, with per-row λ split with them)."""
     monkeypatch.setattr(kernels, "CPU_BLOCK_ELEMENTS", block_elements)
     bs, width = b["rewards"].shape
-    assert kernels._rows_per_block(b["rewards"]) == (
-        bs if bs * width <= block_elements else max(1, block_elements // width))
+    rows = bs if bs * width <= block_elements else max(1, block_elements // width)
+    blocks = []  # the rows each call of the recurrence gets: the blocks really run
+    recurrence = kernels._masked_gae
+
+    def counted(rewards, *args, **kwargs):
+        blocks.append(rewards.shape[0])
+        return recurrence(rewards, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_masked_gae", counted)
     for got, want in zip(run_token(compute_token_gae, b), run_token(token_gae_loop, b)):
         assert_close(got, want)
+    assert blocks == [min(rows, bs - start) for start in range(0, bs, rows)], (blocks, rows)
 
 
 @settings(max_examples=400, deadline=None)

@@ -122,6 +122,30 @@ def test_workspace_results_equal_fresh_memory_results():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_blocks_in_a_workspace_equal_the_whole_batch(monkeypatch, dtype):
+    """Each block of rows of the CPU token kernel reuses the previous block's temporaries
+    (and a float64 result of one block may itself be scratch memory): every block, and a
+    second call reusing the pool, gives the numbers of the whole batch in fresh memory."""
+    from lightning_adv import kernels
+
+    x = realistic_inputs(*BIG, torch.device("cpu"))
+    args = (x.rewards.to(dtype), x.values.to(dtype), x.loss_mask)
+    for lam in (1.0, 0.95, 0.0, 1e-6, x.row_lambda):
+        whole = compute_token_gae(*args, bootstrap_values=x.bootstrap.to(dtype), discount=0.99,
+                                  gae_lambda=lam)
+        # 9 rows of 1024 per block: seven blocks and a ragged one of 1 row
+        monkeypatch.setattr(kernels, "CPU_BLOCK_ELEMENTS", 9 * BIG[1])
+        assert kernels._rows_per_block(args[0]) == 9
+        with Workspace().active():
+            for _ in range(2):
+                blocked = compute_token_gae(*args, bootstrap_values=x.bootstrap.to(dtype),
+                                            discount=0.99, gae_lambda=lam)
+                for a, b in zip(whole, blocked):
+                    assert torch.equal(a, b), lam
+        monkeypatch.undo()
+
+
 def test_float64_kernel_outputs_are_not_scratch_memory():
     # float64 inputs make float64 outputs: the kernel must not return its float64 scratch
     x = realistic_inputs(*BIG, torch.device("cpu"))
