@@ -133,6 +133,22 @@ def test_evaluation_metrics_leave_unscorable_responses_out():
     assert got["pass@2"] == pytest.approx(pass_at_k(2, 1, 2)) == 1.0
 
 
+def test_an_evaluation_without_anything_scored_to_average_is_nan_not_zero():
+    # pass@3 needs 3 scored samples of a prompt; no prompt has them, so pass@3 has no
+    # estimate (NaN, as README says), where 0 would read as "never solved". The greedy
+    # means likewise when no greedy response was scored.
+    metrics = EvalMetrics(pass_k=[1, 3])
+    nan = math.nan
+    greedy = [[episode(nan, 0)], [episode(nan, 1)]]
+    sampled = [[episode(r, 0) for r in (1.0, nan, 0.0)], [episode(r, 1) for r in (nan, 1.0, 1.0)]]
+    metrics.update(greedy, sampled, threshold=1.0)
+    got = {name: float(m.compute()) for name, m in metrics.items()}
+    assert math.isnan(got["pass@3"]) and math.isnan(got["reward_greedy"])
+    assert math.isnan(got["solved_greedy"])
+    assert got["pass@1"] == pytest.approx((0.5 + 1.0) / 2)
+    assert got["reward_mean"] == pytest.approx((0.5 + 1.0) / 2)
+
+
 def test_predictions_and_sample_tables_show_unscorable_responses():
     greedy, sampled = [[episode(math.nan, 0)]], [[episode(0.25, 0)]]
     records = prediction_records(greedy, sampled)
