@@ -18,8 +18,20 @@ import torch
 import torch.distributed as dist
 
 from ddp_probe import prompt_groups
-from lightning_adv import ActorConfig, AdvantageModule, concat_batch
+from lightning_adv import ActorConfig, AdvantageModule, OutcomeResult, concat_batch
+from lightning_adv.distributed import all_reduce_sum
 from lightning_adv.recipes import RECIPES
+
+
+def centred_on_batch_mean(inputs) -> OutcomeResult:
+    """A user outcome stage with its own batch statistic, reduced through
+    ``lightning_adv.distributed.all_reduce_sum`` as README asks: the rewards minus the
+    global mean reward per row."""
+    rewards = inputs.data["rewards"].double()
+    total, count = all_reduce_sum(torch.stack([rewards.sum(), torch.tensor(
+        float(rewards.numel()), dtype=torch.float64, device=rewards.device)]))
+    return OutcomeResult(rewards=(rewards - total / count).float())
+
 
 KEYS = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask", "unscorable")
 CONFIGS = {
@@ -33,6 +45,9 @@ CONFIGS = {
     "grpo_batch_std": RECIPES["grpo_batch_std"],
     "reinforce_pp": RECIPES["reinforce_pp"],
     "rloo_kl": RECIPES["rloo_kl"],
+    # a user stage: the stand-in of a rank without scored rows adds nothing to its sums
+    "user_stage_batch_mean": {"advantage": {"outcome_reward_shaping": {
+        "implementation": "unscorable_ddp_workers.centred_on_batch_mean"}}},
 }
 #: scenario -> the rows whose reward is NaN, per prompt of the global batch (4 prompts)
 SCENARIOS = {
