@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
+from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail, is_int
 from lightning_adv.config import (
     PRM_MODES, ActorConfig, convert_field, nested_config, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
@@ -47,7 +47,7 @@ from lightning_adv.module import AdvantageModule
 from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
-from lightning_adv.trainer.recipe_inputs import check_greedy_baseline, greedy_rewards, sum_pi_squared
+from lightning_adv.trainer.recipe_inputs import check_greedy_baseline, greedy_rewards
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
@@ -56,8 +56,9 @@ from lightning_adv.trainer.evaluation import (
 from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.policy import (
-    CausalTransformer, PolicyConfig, logprobs_and_entropy, next_token_logprobs)
+    CausalTransformer, PolicyConfig, logprobs_and_entropy)
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
+from lightning_adv.trainer.scoring import scoring_passes
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
 
 
@@ -82,6 +83,11 @@ class PPOConfig:
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
     """minibatches per PPO epoch, one optimizer step each"""
+    forward_batch_size: Optional[int] = None
+    """rows per forward pass of the scoring step (values, recomputed and reference
+    log-probs, sum_pi_squared), each chunk cut to its longest row; null: the whole rollout
+    batch in one pass. Lower it when a large vocabulary's [rows, T, V] logits do not fit
+    (verl's log_prob_micro_batch_size_per_gpu, OpenRLHF's micro_rollout_batch_size)"""
     clip_eps: float = 0.2
     """clip range of the probability ratio: [1 - clip_eps, 1 + clip_eps]"""
     clip_eps_high: Optional[float] = None
@@ -164,6 +170,9 @@ class PPOConfig:
             fail("ppo.dynamic_sampling.enabled", "false with ppo.n_samples < 2 (a group of one "
                  "response never has differing rewards)", True)
         check_bool("ppo.kv_cache", self.kv_cache)
+        if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
+            fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "
+                 "integer (rows per scoring forward pass)", self.forward_batch_size)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
@@ -583,38 +592,36 @@ class PPOModule(pl.LightningModule):
     @torch.no_grad()
     def make_batch(self, groups: list[list[Any]],
                    reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
-        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes,
-        and the optional keys the advantage stages read (``recipe_inputs``)."""
+        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes
+        (over ``ppo.forward_batch_size`` rows at a time), and the optional keys the
+        advantage stages read (``recipe_inputs``)."""
         batch, meta = build_batch(groups, multi_turn=self.runtime.task.max_turns > 1,
                                   process_rewards=bool(self.scorers))
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         ids, attention = batch["input_ids"], batch["attention_mask"].float()
         next_real = torch.nn.functional.pad(attention[:, 1:], (0, 1))  # token t+1 exists
-        temperature = self.ppo_config.temperature
         sampled_values = batch.pop("values", None)
-        logits = None
-        if self.critic or self.actor_config.recompute_logprob:
-            if self.actor_config.recompute_logprob or sampled_values is None:
-                logits, values = self.policy(ids)
-            else:  # the sampler's cached pass already read every token
-                values = sampled_values
-            if self.critic:
-                values = finite_or_raise(values.float(), "values") * attention
-                if not self.ppo_config.bootstrap_truncated:
-                    # The core bootstraps truncated rows with the value after their last
-                    # token; here the token limit is terminal, so that state's value is 0.
-                    last = attention.sum(1).long() - 1
-                    values[torch.arange(len(last), device=values.device), last] = 0.0
-                batch["values"] = values
-            if self.actor_config.recompute_logprob:
-                batch["prox_logp"] = next_token_logprobs(logits, ids, temperature) * next_real
-        if self.ref_policy is not None:
-            ref_logits, _ = self.ref_policy(ids)
-            batch["ref_logp"] = next_token_logprobs(ref_logits, ids, temperature) * next_real
-        if "sum_pi_squared" in self.recipe_inputs:
-            if logits is None:
-                logits, _ = self.policy(ids)
-            batch["sum_pi_squared"] = sum_pi_squared(logits, temperature) * next_real
+        recompute = self.actor_config.recompute_logprob
+        # The sampler's cached pass already read every token: its values serve unless the
+        # log-probs are recomputed anyway.
+        fresh_values = self.critic and (recompute or sampled_values is None)
+        passes = scoring_passes(self.policy, self.ref_policy, ids, attention.sum(1).long(),
+                                self.ppo_config.temperature, values=fresh_values,
+                                logprobs=recompute,
+                                pi_squared="sum_pi_squared" in self.recipe_inputs,
+                                rows=self.ppo_config.forward_batch_size)
+        if self.critic:
+            values = passes["values"] if fresh_values else sampled_values
+            values = finite_or_raise(values.float(), "values") * attention
+            if not self.ppo_config.bootstrap_truncated:
+                # The core bootstraps truncated rows with the value after their last
+                # token; here the token limit is terminal, so that state's value is 0.
+                last = attention.sum(1).long() - 1
+                values[torch.arange(len(last), device=values.device), last] = 0.0
+            batch["values"] = values
+        for key in ("prox_logp", "ref_logp", "sum_pi_squared"):
+            if key in passes:
+                batch[key] = passes[key] * next_real
         if reward_baselines is not None:
             sizes = torch.tensor(meta.traj_group_sizes, device=self.device)
             batch["reward_baselines"] = torch.repeat_interleave(
