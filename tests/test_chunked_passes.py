@@ -21,6 +21,7 @@ from lightning_adv.trainer.scoring import row_chunks, scoring_passes
 
 DATASET = str(Path(__file__).resolve().parents[1] / "data" / "reverse_text.jsonl")
 CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+LENGTH_REWARD = "trainer_helpers.response_length_reward"
 
 
 def right_padded(vocab, lengths, seed=0):
@@ -102,12 +103,17 @@ def test_scoring_passes_run_only_the_passes_asked_for(tiny_lm):
 
 
 def hf_module(tiny_lm, forward_batch_size=None, actor=None, value_head=True, **ppo):
-    return PPOModule(policy=PolicyConfig(pretrained=tiny_lm, value_head=value_head),
-                     actor=actor or ActorConfig(kl_ctl=0.05, recompute_logprob=True),
-                     task=TaskConfig(dataset=DATASET, reward=CHAR_MATCH),
-                     ppo=PPOConfig(prompts_per_step=2, n_samples=3, minibatches=2, epochs=1,
-                                   lr=0.01, max_new_tokens=6, entropy_coef=0.01,
-                                   forward_batch_size=forward_batch_size, **ppo), seed=0)
+    module = PPOModule(policy=PolicyConfig(pretrained=tiny_lm, value_head=value_head),
+                       actor=actor or ActorConfig(kl_ctl=0.05, recompute_logprob=True),
+                       task=TaskConfig(dataset=DATASET, reward=LENGTH_REWARD),
+                       ppo=PPOConfig(prompts_per_step=2, n_samples=3, minibatches=2, epochs=1,
+                                     lr=0.01, max_new_tokens=6, entropy_coef=0.01,
+                                     forward_batch_size=forward_batch_size, **ppo), seed=0)
+    if value_head:  # the same critic in every module, not the all-zero initial one
+        head = module.policy.value_head.weight
+        with torch.no_grad():
+            head.copy_(0.1 * torch.randn(head.shape, generator=torch.Generator().manual_seed(7)))
+    return module
 
 
 @pytest.mark.parametrize("case", ["ppo", "optimal_token_baseline"])
@@ -118,11 +124,6 @@ def test_make_batch_with_forward_batch_size_equals_one_pass(tiny_lm, case):
              else recipe("optimal_token_baseline"))
     modules = [hf_module(tiny_lm, size, actor=actor, value_head=case == "ppo")
                for size in (None, 1, 4)]
-    if case == "ppo":  # the same critic, not the all-zero initial one
-        weight = torch.randn_like(modules[0].policy.value_head.weight)
-        for m in modules:
-            with torch.no_grad():
-                m.policy.value_head.weight.copy_(weight)
     groups = modules[0].rollout([0, 1], generator(0, "rollout", 0, 0))
     batches = [m.make_batch(groups)[0] for m in modules]
     keys = ({"values", "prox_logp", "ref_logp"} if case == "ppo" else {"sum_pi_squared"})
@@ -138,3 +139,104 @@ def test_forward_batch_size_must_be_null_or_positive(bad):
     with pytest.raises(ValueError, match=r"ppo\.forward_batch_size: expected null .* or a "
                                          r"positive integer"):
         PPOConfig(forward_batch_size=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, False])
+def test_micro_batch_size_must_be_null_or_positive(bad):
+    with pytest.raises(ValueError, match=r"ppo\.micro_batch_size: expected null .* or a "
+                                         r"positive integer"):
+        PPOConfig(micro_batch_size=bad)
+
+
+class StepRecorder(PPOModule):
+    """Runs ``update`` without a Trainer: plain backward, and an optimizer of lr 0 that
+    records the accumulated gradients of every step (the weights stay fixed, so every
+    minibatch's gradient is comparable)."""
+
+    def optimizers(self):
+        return self.recording
+
+    def manual_backward(self, loss):
+        loss.backward()
+
+
+class RecordingSGD(torch.optim.SGD):
+    def __init__(self, params):
+        self.params = list(params)
+        super().__init__(self.params, lr=0.0)
+        self.steps = []
+
+    def step(self, closure=None):
+        self.steps.append([p.grad.clone() for p in self.params if p.grad is not None])
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_update_micro_batches_accumulate_the_minibatch_gradient(tiny_lm, agg):
+    """Micro-batches of 1 and 2 rows (each cut to its own longest row) give each optimizer
+    step the gradient of the whole minibatch, and the same loss metrics."""
+    runs = {}
+    for size in (None, 1, 2):
+        module = StepRecorder(
+            policy=PolicyConfig(pretrained=tiny_lm), actor=ActorConfig(kl_ctl=0.05),
+            task=TaskConfig(dataset=DATASET, reward=CHAR_MATCH),
+            ppo=PPOConfig(prompts_per_step=2, n_samples=3, minibatches=2, epochs=1,
+                          max_new_tokens=6, entropy_coef=0.01, kl_loss_coef=0.1,
+                          max_grad_norm=None, loss_agg_mode=agg, micro_batch_size=size), seed=0)
+        module.recording = RecordingSGD(module.policy.parameters())
+        groups = module.rollout([0, 1], generator(0, "rollout", 0, 0))
+        batch, meta = module.make_batch(groups)
+        out = dict(module.advantage(batch, meta))
+        g = torch.Generator().manual_seed(1)  # off-policy old log-probs: the clips bind
+        out["logprobs"] = out["logprobs"] + 0.3 * torch.randn(
+            out["logprobs"].shape, generator=g) * out["loss_mask"]
+        module.update(batch, out, torch.Generator().manual_seed(5))
+        runs[size] = (module.recording.steps, module.adv_metrics.compute())
+    (steps, metrics) = runs[None]
+    assert len(steps) == 2 and metrics["train/clipfrac"] > 0
+    for size in (1, 2):
+        other_steps, other_metrics = runs[size]
+        assert len(other_steps) == 2
+        for want, got in zip(steps, other_steps):
+            assert len(want) == len(got) > 0
+            for w, x in zip(want, got):
+                assert torch.allclose(x, w, rtol=1e-4, atol=1e-6)
+        assert other_metrics.keys() == metrics.keys()
+        for key, value in metrics.items():
+            assert torch.allclose(other_metrics[key], value, rtol=1e-5, atol=1e-6), key
+
+
+def fit_one_step(module, tmp_path):
+    losses = []
+    forward = module.loss_fn.forward
+
+    def recording(*args, **kwargs):
+        result = forward(*args, **kwargs)
+        losses.append(result["loss"].detach().clone())
+        return result
+
+    module.loss_fn.forward = recording
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module)
+    return losses, {k: v.clone() for k, v in trainer.callback_metrics.items()}
+
+
+def test_first_training_step_is_the_same_in_passes_of_one_row(tiny_lm, tmp_path):
+    """A whole training step with ppo.forward_batch_size 1 and ppo.micro_batch_size 1
+    against one pass each: the first minibatch's loss (the sum of its micro-batches'),
+    the second's (after one optimizer step) and every logged metric."""
+    plain, plain_metrics = fit_one_step(hf_module(tiny_lm), tmp_path / "a")
+    chunked, chunked_metrics = fit_one_step(hf_module(tiny_lm, 1, micro_batch_size=1),
+                                            tmp_path / "b")
+    assert len(plain) == 2 and len(chunked) == 6  # 2 minibatches of 3 rows
+    sums = [sum(chunked[:3]), sum(chunked[3:])]
+    assert torch.allclose(sums[0], plain[0], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(sums[1], plain[1], rtol=1e-4, atol=1e-5)
+    assert plain_metrics.keys() == chunked_metrics.keys()
+    assert {"train/policy_loss", "train/value_loss", "train/entropy", "train/clipfrac",
+            "train/explained_variance", "train/kl_rewards", "train/advantages_mean",
+            "train/returns_mean"} <= plain_metrics.keys()
+    for key, value in plain_metrics.items():
+        assert torch.allclose(chunked_metrics[key], value, rtol=1e-4, atol=1e-5), key

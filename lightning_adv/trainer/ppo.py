@@ -21,6 +21,7 @@ resumed run reproduces the next step exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -83,6 +84,11 @@ class PPOConfig:
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
     """minibatches per PPO epoch, one optimizer step each"""
+    micro_batch_size: Optional[int] = None
+    """rows per forward and backward pass of the update: a minibatch runs as micro-batches
+    whose gradients accumulate into its one optimizer step (the same step, to float
+    rounding); null: the whole minibatch at once (verl's ppo_micro_batch_size_per_gpu, TRL's
+    per_device_train_batch_size with gradient_accumulation_steps)"""
     forward_batch_size: Optional[int] = None
     """rows per forward pass of the scoring step (values, recomputed and reference
     log-probs, sum_pi_squared), each chunk cut to its longest row; null: the whole rollout
@@ -173,6 +179,9 @@ class PPOConfig:
         if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
             fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "
                  "integer (rows per scoring forward pass)", self.forward_batch_size)
+        if self.micro_batch_size is not None and not is_int(self.micro_batch_size, 1):
+            fail("ppo.micro_batch_size", "null (the whole minibatch) or a positive integer "
+                 "(rows per forward and backward pass of the update)", self.micro_batch_size)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
@@ -630,39 +639,63 @@ class PPOModule(pl.LightningModule):
 
     def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
         """PPO epochs x minibatches of optimizer steps on :class:`~lightning_adv.PPOLoss`
-        (manual optimization); each minibatch is cut to its longest row."""
+        (manual optimization); each minibatch runs as micro-batches of at most
+        ``ppo.micro_batch_size`` rows whose gradients accumulate, each cut to its longest
+        row and normalized by the minibatch's token counts."""
         cfg = self.ppo_config
         opt = self.optimizers()
         rows = batch["input_ids"].shape[0]
         lengths = batch["attention_mask"].sum(1)
-        ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
         for _ in range(cfg.epochs):
             order = torch.randperm(rows, generator=gen).to(self.device)
             for chunk in order.tensor_split(cfg.minibatches):
-                width = int(lengths[chunk].max())
-                ids = batch["input_ids"][chunk, :width]
-                logits, values = self.policy(ids)
-
-                def cut(x: Optional[Tensor]) -> Optional[Tensor]:
-                    return None if x is None else x[chunk, :width]
-
-                critic = {}
-                if self.critic:
-                    critic = dict(values=values, old_values=cut(batch["values"]),
-                                  returns=cut(out["returns"]))
-                # With entropy_coef 0 the entropy is only reported: no graph for it.
-                logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
-                                                     entropy_grad=cfg.entropy_coef > 0)
-                result = self.loss_fn(
-                    logprobs, cut(out["logprobs"]), cut(out["advantages"]), cut(out["loss_mask"]),
-                    ref_logprobs=cut(ref_logp), entropy=ent, **critic)
+                micro = [chunk] if cfg.micro_batch_size is None else list(
+                    chunk.split(cfg.micro_batch_size))
+                counts = None
+                if len(micro) > 1:  # one collective per minibatch, before any backward
+                    counts = self.loss_fn.counts(out["loss_mask"][chunk])
                 opt.zero_grad()
-                self.manual_backward(result["loss"])
+                for i, part in enumerate(micro):
+                    # DDP averages gradients at the last micro-batch's backward only
+                    with self._accumulating(last=i == len(micro) - 1):
+                        result = self._micro_batch_loss(batch, out, part, lengths, counts)
+                        self.manual_backward(result["loss"])
+                    self.adv_metrics.update(loss=result)
                 if cfg.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=cfg.max_grad_norm,
                                         gradient_clip_algorithm="norm")
                 opt.step()
-                self.adv_metrics.update(loss=result)
+
+    def _micro_batch_loss(self, batch: dict[str, Any], out: dict[str, Any], rows: Tensor,
+                          lengths: Tensor, counts: Any) -> dict[str, Tensor]:
+        """:class:`~lightning_adv.PPOLoss` on ``rows``, cut to their longest row."""
+        cfg = self.ppo_config
+        width = int(lengths[rows].max())
+        ids = batch["input_ids"][rows, :width]
+        logits, values = self.policy(ids)
+
+        def cut(x: Optional[Tensor]) -> Optional[Tensor]:
+            return None if x is None else x[rows, :width]
+
+        critic = {}
+        if self.critic:
+            critic = dict(values=values, old_values=cut(batch["values"]),
+                          returns=cut(out["returns"]))
+        # With entropy_coef 0 the entropy is only reported: no graph for it.
+        logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
+                                             entropy_grad=cfg.entropy_coef > 0)
+        ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
+        return self.loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]),
+                            cut(out["loss_mask"]), ref_logprobs=cut(ref_logp), entropy=ent,
+                            counts=counts, **critic)
+
+    def _accumulating(self, last: bool) -> Any:
+        """No gradient all-reduce before a minibatch's last micro-batch (DDP's no_sync);
+        a no-op outside DDP."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if last or not hasattr(strategy, "block_backward_sync"):
+            return contextlib.nullcontext()
+        return strategy.block_backward_sync()
 
     @torch.no_grad()
     def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,
