@@ -61,15 +61,18 @@ def _forward(logits: Tensor, targets: Tensor, temperature: float, with_entropy: 
         x = _scaled(logits[rows], temperature)
         # log_softmax's own arithmetic: z = x - max, log p = z - log(sum(exp(z)))
         shift = x.amax(-1, keepdim=True)
-        z = x - shift
-        e = z.exp()
-        total = e.sum(-1)
-        log_total = total.log()
-        picked[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - log_total
-        shifts[rows], log_totals[rows] = shift.squeeze(-1), log_total
-        if ent is not None:
+        chosen = x.gather(-1, targets[rows, None]) - shift  # = z at the targets, bitwise
+        if ent is None:  # one chunk-sized temporary
+            log_total = (x - shift).exp_().sum(-1).log()
+        else:
+            z = x - shift
+            e = z.exp()
+            total = e.sum(-1)
+            log_total = total.log()
             # H = -sum p log p = log(sum e) - sum(e z) / sum e
             ent[rows] = log_total - (e * z).sum(-1) / total
+        picked[rows] = chosen.squeeze(-1) - log_total
+        shifts[rows], log_totals[rows] = shift.squeeze(-1), log_total
     return picked, shifts, log_totals, ent
 
 
