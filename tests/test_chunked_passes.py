@@ -240,3 +240,26 @@ def test_first_training_step_is_the_same_in_passes_of_one_row(tiny_lm, tmp_path)
             "train/returns_mean"} <= plain_metrics.keys()
     for key, value in plain_metrics.items():
         assert torch.allclose(chunked_metrics[key], value, rtol=1e-4, atol=1e-5), key
+
+
+def test_ddp_micro_batches_take_the_same_steps(tmp_path):
+    """Two gloo ranks with ppo.micro_batch_size 1 (gradients all-reduced at each
+    minibatch's last micro-batch only) and ppo.forward_batch_size 1 train as with whole
+    passes: the second step, sampled from the updated weights, has the same advantages
+    on both ranks (unsynced or wrongly scaled gradients would move the weights apart)."""
+    from test_cli import CONFIGS, SMALL
+    from trainer_helpers import ddp_fit
+
+    recorded = []
+    for name, extra in (("whole", []), ("micro", ["--model.ppo.micro_batch_size=1",
+                                                  "--model.ppo.forward_batch_size=1"])):
+        save_dir, record = tmp_path / name, tmp_path / name / "record"
+        record.mkdir(parents=True)
+        proc = ddp_fit(CONFIGS / "ppo.yaml", save_dir, record, *SMALL, *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recorded.append([torch.load(record / f"rank{r}_call1.pt", weights_only=True)
+                         for r in (0, 1)])
+    for whole, micro in zip(*recorded):
+        assert torch.equal(whole["loss_mask"], micro["loss_mask"])  # the same samples
+        assert torch.allclose(micro["advantages"], whole["advantages"], rtol=1e-4, atol=1e-5)
+        assert torch.allclose(micro["returns"], whole["returns"], rtol=1e-4, atol=1e-5)

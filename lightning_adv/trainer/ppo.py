@@ -5,12 +5,14 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
 1. **rollout**: sample ``ppo.n_samples`` episodes for each of this rank's prompts
    (one prompt group each), the environment answering between turns;
 2. **score**: task rewards, process rewards (``prm``), then one forward pass of the
-   policy (values) and of the frozen reference (``ref_logp``) over the SPEC §1 batch;
+   policy (values) and of the frozen reference (``ref_logp``) over the SPEC §1 batch
+   (over ``ppo.forward_batch_size`` rows at a time when set);
 3. **advantages**: the configured ``AdvantageModule`` (``actor``) turns the batch into
    aligned advantages, returns, loss mask and old log-probs;
 4. **update**: ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps (manual
    optimization) on :class:`~lightning_adv.PPOLoss` (clipped policy loss, value loss,
-   entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation);
+   entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation), each over
+   gradient-accumulating micro-batches of ``ppo.micro_batch_size`` rows when set;
 5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
    histogram of advantages; the KL controller takes the step's KL.
 
