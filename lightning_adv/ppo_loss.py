@@ -32,12 +32,18 @@ Semantics follow verl's ``compute_policy_loss_vanilla``, ``agg_loss``, ``kl_pena
 - The policy log-ratio (token or sequence) is clamped to ±20 before ``exp``, verl's
   bound for token ratios (its GSPO clamps the sequence log-ratio at 10). The built-in
   trainer's loss had no clamp; the two differ only where a ratio exceeds e^20.
+- Gradient accumulation: ``counts=loss.counts(minibatch_mask)`` passed to the call on
+  each micro-batch normalizes it by the whole minibatch's counts, so the micro-batches'
+  losses and gradients sum to the minibatch's in every aggregation mode. verl's and
+  TRL's micro-batches each take their own mean, weighted by their share of rows, which
+  differs when micro-batches hold different numbers of tokens.
 - Positions outside the loss mask never reach the arithmetic (``torch.where``, not a
   product), so padding may hold anything, even ``-inf`` log-probs.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Optional, Union
 
@@ -91,6 +97,14 @@ class TokenCounts:
             dist.all_reduce(local)  # one collective for both counts
             self.scale = dist.get_world_size()
         self.tokens, self.sequences = local[0], local[1]
+
+    def part(self, mask: Tensor) -> "TokenCounts":
+        """The counts of one micro-batch ``mask`` of this minibatch: its own rows and
+        local tokens, the minibatch's (global) totals as the normalizers."""
+        part = copy.copy(self)
+        part.row_tokens = mask.sum(1)
+        part.local_tokens = part.row_tokens.sum()
+        return part
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str, counts: TokenCounts,
@@ -148,7 +162,7 @@ class PPOLoss(nn.Module):
         loss_scale_factor: the constant normalizer of ``seq-mean-token-sum-norm``
             (e.g. the generation budget in tokens); required by that mode only.
         sync_across_ranks: under torch.distributed, normalize by counts summed over ranks
-            (every rank must then call forward the same number of times).
+            (every rank must then call forward, or :meth:`counts`, the same number of times).
 
     ``forward`` returns a dict: ``loss`` (to backpropagate) and detached diagnostics, each
     a token mean over this rank's active tokens: ``policy_loss``, ``approx_kl``,
@@ -221,16 +235,32 @@ class PPOLoss(nn.Module):
         coef = self.kl_coef
         return float(coef.value) if isinstance(coef, nn.Module) else coef
 
+    def counts(self, loss_mask: Tensor) -> TokenCounts:
+        """The token and sequence counts of a whole minibatch (summed over ranks with
+        ``sync_across_ranks``: a collective), for gradient accumulation: pass them as
+        ``counts=`` to the call on each of its micro-batches, and the micro-batches'
+        losses (and gradients) sum to the minibatch's."""
+        if not isinstance(loss_mask, Tensor) or loss_mask.ndim != 2:
+            fail("PPOLoss.counts loss_mask", "a [B, T] tensor",
+                 getattr(loss_mask, "shape", type(loss_mask).__name__))
+        return TokenCounts(loss_mask.to(torch.promote_types(loss_mask.dtype, torch.float32)),
+                           self.sync_across_ranks)
+
     def forward(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
                 loss_mask: Tensor, *, ref_logprobs: Optional[Tensor] = None,
                 values: Optional[Tensor] = None, old_values: Optional[Tensor] = None,
-                returns: Optional[Tensor] = None, entropy: Optional[Tensor] = None
-                ) -> dict[str, Tensor]:
+                returns: Optional[Tensor] = None, entropy: Optional[Tensor] = None,
+                counts: Optional[TokenCounts] = None) -> dict[str, Tensor]:
         """The loss and its diagnostics; all tensors ``[B, T]`` aligned, ``logprobs``,
-        ``values`` and ``entropy`` from the current policy (with gradients)."""
+        ``values`` and ``entropy`` from the current policy (with gradients). ``counts``:
+        the :meth:`counts` of the minibatch these rows are a micro-batch of (None: the
+        rows are the whole minibatch)."""
         kl_coef = self.current_kl_coef
         self._check_inputs(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs,
                            values, old_values, returns, entropy, kl_coef)
+        if counts is not None and not isinstance(counts, TokenCounts):
+            fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
+                 type(counts).__name__)
         # Sums in at least float32: bfloat16 would count 257 tokens as 256.
         dtype = torch.promote_types(logprobs.dtype, torch.float32)
         logprobs, old_logprobs, advantages, ref_logprobs, values, old_values, returns, entropy = (
@@ -238,7 +268,7 @@ class PPOLoss(nn.Module):
                 logprobs, old_logprobs, advantages, ref_logprobs, values, old_values, returns, entropy))
         mask = loss_mask.to(dtype)
         active = mask > 0
-        counts = TokenCounts(mask, self.sync_across_ranks)
+        counts = TokenCounts(mask, self.sync_across_ranks) if counts is None else counts.part(mask)
 
         def agg(per_token: Tensor) -> Tensor:
             return aggregate(per_token, mask, self.loss_agg_mode, counts, self.loss_scale_factor)

@@ -282,6 +282,69 @@ def test_gradcheck(mode, level):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), mode=st.sampled_from(LOSS_AGG_MODES),
+       level=st.sampled_from(["token", "sequence"]), size=st.integers(1, 4))
+def test_micro_batches_with_the_minibatch_counts_sum_to_the_minibatch(seed, mode, level, size):
+    """Gradient accumulation: each micro-batch, cut to its own last active column and
+    called with ``counts=loss.counts(minibatch mask)``: the losses and gradients sum to
+    the whole minibatch's, and the token-weighted diagnostics average to its own."""
+    loss = PPOLoss(**full_config(mode, ratio_level=level, dual_clip=2.5))
+    data = random_inputs(seed, rows=5, width=6)
+    data["loss_mask"][2:, 4:] = 0  # shorter rows: their micro-batches are narrower
+    grads = ("logprobs", "values", "entropy")
+
+    def run(rows, width, counts=None):
+        part = {k: v[rows, :width].clone().requires_grad_(k in grads) for k, v in data.items()}
+        out = call(loss, dict(part, counts=counts))
+        out["loss"].backward()
+        return out, {k: part[k].grad for k in grads}
+
+    whole, whole_grads = run(slice(None), 6)
+    counts = loss.counts(data["loss_mask"])
+    total, tokens, weighted = 0.0, 0.0, {}
+    summed = {k: torch.zeros_like(data[k]) for k in grads}
+    for start in range(0, 5, size):
+        rows = slice(start, start + size)
+        active = data["loss_mask"][rows].sum(0).nonzero()
+        width = int(active.max()) + 1 if len(active) else 1
+        part, part_grads = run(rows, width, counts)
+        total += part["loss"].item()
+        for k in grads:
+            summed[k][rows, :width] += part_grads[k]
+        n = part["num_tokens"].item()
+        tokens += n
+        for name, value in part.items():
+            if name not in ("loss", "num_tokens"):
+                weighted[name] = weighted.get(name, 0.0) + value.item() * n
+    assert total == pytest.approx(whole["loss"].item(), rel=1e-10, abs=1e-12)
+    for k in grads:
+        assert torch.allclose(summed[k], whole_grads[k], rtol=1e-10, atol=1e-12), k
+    assert tokens == whole["num_tokens"].item()
+    for name, value in weighted.items():
+        assert value / tokens == pytest.approx(whole[name].item(), rel=1e-10, abs=1e-12), name
+
+
+def test_micro_batch_counts_by_hand():
+    """token-mean over 3 active tokens in two micro-batches: each divides by 3, not by its
+    own count (which would weigh the lone token of the second twice as much)."""
+    loss = PPOLoss(clip_eps=0.2)
+    mask = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    adv = torch.tensor([[1.0, 2.0], [0.0, 3.0]])
+    zeros = torch.zeros(2, 2)
+    counts = loss.counts(mask)
+    assert counts.tokens.item() == 3 and counts.sequences.item() == 2
+    parts = [loss(zeros[i:i + 1], zeros[i:i + 1], adv[i:i + 1], mask[i:i + 1], counts=counts)
+             for i in range(2)]
+    # ratio 1 everywhere: the per-token loss is -A
+    assert [p["loss"].item() for p in parts] == pytest.approx([-3.0 / 3, -3.0 / 3])
+    assert [p["policy_loss"].item() for p in parts] == pytest.approx([-1.5, -3.0])
+    with pytest.raises(ValueError, match="PPOLoss counts"):
+        loss(zeros, zeros, adv, mask, counts=3)
+    with pytest.raises(ValueError, match="PPOLoss.counts loss_mask"):
+        loss.counts(torch.ones(3))
+
+
 def test_sequence_ratio_gradient_equals_gspo_token_for_sequence_advantages():
     """verl's GSPO-token ratio sg[s] * pi / sg[pi] has the same gradient as our sequence ratio
     when the advantage is constant within each sequence."""

@@ -50,6 +50,11 @@ def tensor_reward(sample):
     return torch.tensor(0.5)
 
 
+def response_length_reward(sample):
+    """Rewards that differ between random responses (a learning signal at step one)."""
+    return len(sample.response) / 10
+
+
 def wrong_length_scorer(sample):
     return [0.0] * (sample.num_tokens + 3)
 

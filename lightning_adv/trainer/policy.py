@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_adv.config import convert_field, nested_config
+from lightning_adv.trainer.token_stats import token_stats
 from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
 
 
@@ -273,8 +274,10 @@ SMALL_VOCAB = 256
 
 
 def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log_softmax(logits / temperature)`` over the vocabulary; the sampler and the
-    trainer use this one function, so the same logits give the same log-probs.
+    """``log_softmax(logits / temperature)`` over the vocabulary; the built-in sampler and
+    the trainer use this one function, so the same logits give the same log-probs (the
+    trainer's passes over a large vocabulary reduce the logits in chunks instead, with the
+    same arithmetic: :mod:`~lightning_adv.trainer.token_stats`).
 
     Over a vocabulary of a few dozen tokens torch's fused kernel is two to three times
     slower on CPU (forward and backward) than four written-out operations, which take
@@ -290,8 +293,22 @@ def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
 
 
+def _large_vocab_stats(logits: Tensor, input_ids: Tensor, temperature: float,
+                       with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """:func:`~lightning_adv.trainer.token_stats.token_stats` over ``[B, T, V]`` logits in
+    the next-token convention: no full-size float32 copy of the logits is made."""
+    b, t, v = logits.shape
+    targets = F.pad(input_ids[:, 1:], (0, 1))  # the last column's target is dropped below
+    picked, ent = token_stats(logits.reshape(b * t, v), targets.reshape(-1), temperature,
+                              with_entropy)
+    picked = F.pad(picked.view(b, t)[:, :-1], (0, 1))
+    return picked, None if ent is None else ent.view(b, t)
+
+
 def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
     """Log-prob of token ``t+1`` at position ``t`` (next-token convention); last column 0."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        return _large_vocab_stats(logits, input_ids, temperature, with_entropy=False)[0]
     logp = scaled_log_softmax(logits[:, :-1], temperature)
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return F.pad(picked, (0, 1))
@@ -299,6 +316,12 @@ def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 
 
 def entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of the sampling distribution at every position, ``[B, T]``."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        b, t, v = logits.shape
+        targets = torch.zeros(b * t, dtype=torch.long, device=logits.device)
+        ent = token_stats(logits.reshape(b * t, v), targets, temperature)[1]
+        assert ent is not None
+        return ent.view(b, t)
     logp = scaled_log_softmax(logits, temperature)
     return -(logp.exp() * logp).sum(-1)
 
@@ -307,7 +330,12 @@ def logprobs_and_entropy(logits: Tensor, input_ids: Tensor, temperature: float =
                          entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
     """:func:`next_token_logprobs` and :func:`entropy` from one log-softmax (the same
     numbers); ``entropy_grad=False`` computes the entropy outside the autograd graph (for
-    a loss that only reports it)."""
+    a loss that only reports it). Over a large vocabulary both come from one chunked pass
+    (:mod:`~lightning_adv.trainer.token_stats`)."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        picked, ent = _large_vocab_stats(logits, input_ids, temperature, with_entropy=True)
+        assert ent is not None
+        return picked, ent if entropy_grad else ent.detach()
     logp = scaled_log_softmax(logits, temperature)
     picked = F.pad(logp[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1), (0, 1))
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):

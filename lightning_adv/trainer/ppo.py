@@ -5,12 +5,14 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
 1. **rollout**: sample ``ppo.n_samples`` episodes for each of this rank's prompts
    (one prompt group each), the environment answering between turns;
 2. **score**: task rewards, process rewards (``prm``), then one forward pass of the
-   policy (values) and of the frozen reference (``ref_logp``) over the SPEC §1 batch;
+   policy (values) and of the frozen reference (``ref_logp``) over the SPEC §1 batch
+   (over ``ppo.forward_batch_size`` rows at a time when set);
 3. **advantages**: the configured ``AdvantageModule`` (``actor``) turns the batch into
    aligned advantages, returns, loss mask and old log-probs;
 4. **update**: ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps (manual
    optimization) on :class:`~lightning_adv.PPOLoss` (clipped policy loss, value loss,
-   entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation);
+   entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation), each over
+   gradient-accumulating micro-batches of ``ppo.micro_batch_size`` rows when set;
 5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
    histogram of advantages; the KL controller takes the step's KL.
 
@@ -21,6 +23,7 @@ resumed run reproduces the next step exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -34,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
+from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail, is_int
 from lightning_adv.config import (
     PRM_MODES, ActorConfig, convert_field, nested_config, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
     check_process_mode, is_dotted_path)
@@ -48,7 +51,7 @@ from lightning_adv.recipes import critic_free_reason
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
 from lightning_adv.trainer.recipe_inputs import (
-    baseline_rewards, check_greedy_baseline, greedy_rewards, sum_pi_squared)
+    baseline_rewards, check_greedy_baseline, greedy_rewards)
 from lightning_adv.trainer.data import (
     PromptDataset, PromptLoader, PromptSampler, derive_seed, generator)
 from lightning_adv.trainer.metrics import StepMetrics, rlhf_rewards
@@ -57,8 +60,9 @@ from lightning_adv.trainer.evaluation import (
 from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.policy import (
-    CausalTransformer, PolicyConfig, logprobs_and_entropy, next_token_logprobs)
+    CausalTransformer, PolicyConfig, logprobs_and_entropy)
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
+from lightning_adv.trainer.scoring import scoring_passes
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
 
 
@@ -83,6 +87,16 @@ class PPOConfig:
     """PPO epochs over each rollout batch"""
     minibatches: int = 4
     """minibatches per PPO epoch, one optimizer step each"""
+    micro_batch_size: Optional[int] = None
+    """rows per forward and backward pass of the update: a minibatch runs as micro-batches
+    whose gradients accumulate into its one optimizer step (the same step, to float
+    rounding); null: the whole minibatch at once (verl's ppo_micro_batch_size_per_gpu, TRL's
+    per_device_train_batch_size with gradient_accumulation_steps)"""
+    forward_batch_size: Optional[int] = None
+    """rows per forward pass of the scoring step (values, recomputed and reference
+    log-probs, sum_pi_squared), each chunk cut to its longest row; null: the whole rollout
+    batch in one pass. Lower it when a large vocabulary's [rows, T, V] logits do not fit
+    (verl's log_prob_micro_batch_size_per_gpu, OpenRLHF's micro_rollout_batch_size)"""
     clip_eps: float = 0.2
     """clip range of the probability ratio: [1 - clip_eps, 1 + clip_eps]"""
     clip_eps_high: Optional[float] = None
@@ -165,6 +179,12 @@ class PPOConfig:
             fail("ppo.dynamic_sampling.enabled", "false with ppo.n_samples < 2 (a group of one "
                  "response never has differing rewards)", True)
         check_bool("ppo.kv_cache", self.kv_cache)
+        if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
+            fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "
+                 "integer (rows per scoring forward pass)", self.forward_batch_size)
+        if self.micro_batch_size is not None and not is_int(self.micro_batch_size, 1):
+            fail("ppo.micro_batch_size", "null (the whole minibatch) or a positive integer "
+                 "(rows per forward and backward pass of the update)", self.micro_batch_size)
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
@@ -585,38 +605,36 @@ class PPOModule(pl.LightningModule):
     @torch.no_grad()
     def make_batch(self, groups: list[list[Any]],
                    reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
-        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes,
-        and the optional keys the advantage stages read (``recipe_inputs``)."""
+        """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes
+        (over ``ppo.forward_batch_size`` rows at a time), and the optional keys the
+        advantage stages read (``recipe_inputs``)."""
         batch, meta = build_batch(groups, multi_turn=self.runtime.task.max_turns > 1,
                                   process_rewards=bool(self.scorers))
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         ids, attention = batch["input_ids"], batch["attention_mask"].float()
         next_real = torch.nn.functional.pad(attention[:, 1:], (0, 1))  # token t+1 exists
-        temperature = self.ppo_config.temperature
         sampled_values = batch.pop("values", None)
-        logits = None
-        if self.critic or self.actor_config.recompute_logprob:
-            if self.actor_config.recompute_logprob or sampled_values is None:
-                logits, values = self.policy(ids)
-            else:  # the sampler's cached pass already read every token
-                values = sampled_values
-            if self.critic:
-                values = finite_or_raise(values.float(), "values") * attention
-                if not self.ppo_config.bootstrap_truncated:
-                    # The core bootstraps truncated rows with the value after their last
-                    # token; here the token limit is terminal, so that state's value is 0.
-                    last = attention.sum(1).long() - 1
-                    values[torch.arange(len(last), device=values.device), last] = 0.0
-                batch["values"] = values
-            if self.actor_config.recompute_logprob:
-                batch["prox_logp"] = next_token_logprobs(logits, ids, temperature) * next_real
-        if self.ref_policy is not None:
-            ref_logits, _ = self.ref_policy(ids)
-            batch["ref_logp"] = next_token_logprobs(ref_logits, ids, temperature) * next_real
-        if "sum_pi_squared" in self.recipe_inputs:
-            if logits is None:
-                logits, _ = self.policy(ids)
-            batch["sum_pi_squared"] = sum_pi_squared(logits, temperature) * next_real
+        recompute = self.actor_config.recompute_logprob
+        # The sampler's cached pass already read every token: its values serve unless the
+        # log-probs are recomputed anyway.
+        fresh_values = self.critic and (recompute or sampled_values is None)
+        passes = scoring_passes(self.policy, self.ref_policy, ids, attention.sum(1).long(),
+                                self.ppo_config.temperature, values=fresh_values,
+                                logprobs=recompute,
+                                pi_squared="sum_pi_squared" in self.recipe_inputs,
+                                rows=self.ppo_config.forward_batch_size)
+        if self.critic:
+            values = passes["values"] if fresh_values else sampled_values
+            values = finite_or_raise(values.float(), "values") * attention
+            if not self.ppo_config.bootstrap_truncated:
+                # The core bootstraps truncated rows with the value after their last
+                # token; here the token limit is terminal, so that state's value is 0.
+                last = attention.sum(1).long() - 1
+                values[torch.arange(len(last), device=values.device), last] = 0.0
+            batch["values"] = values
+        for key in ("prox_logp", "ref_logp", "sum_pi_squared"):
+            if key in passes:
+                batch[key] = passes[key] * next_real
         if reward_baselines is not None:
             sizes = torch.tensor(meta.traj_group_sizes, device=self.device)
             batch["reward_baselines"] = torch.repeat_interleave(
@@ -625,39 +643,63 @@ class PPOModule(pl.LightningModule):
 
     def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
         """PPO epochs x minibatches of optimizer steps on :class:`~lightning_adv.PPOLoss`
-        (manual optimization); each minibatch is cut to its longest row."""
+        (manual optimization); each minibatch runs as micro-batches of at most
+        ``ppo.micro_batch_size`` rows whose gradients accumulate, each cut to its longest
+        row and normalized by the minibatch's token counts."""
         cfg = self.ppo_config
         opt = self.optimizers()
         rows = batch["input_ids"].shape[0]
         lengths = batch["attention_mask"].sum(1)
-        ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
         for _ in range(cfg.epochs):
             order = torch.randperm(rows, generator=gen).to(self.device)
             for chunk in order.tensor_split(cfg.minibatches):
-                width = int(lengths[chunk].max())
-                ids = batch["input_ids"][chunk, :width]
-                logits, values = self.policy(ids)
-
-                def cut(x: Optional[Tensor]) -> Optional[Tensor]:
-                    return None if x is None else x[chunk, :width]
-
-                critic = {}
-                if self.critic:
-                    critic = dict(values=values, old_values=cut(batch["values"]),
-                                  returns=cut(out["returns"]))
-                # With entropy_coef 0 the entropy is only reported: no graph for it.
-                logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
-                                                     entropy_grad=cfg.entropy_coef > 0)
-                result = self.loss_fn(
-                    logprobs, cut(out["logprobs"]), cut(out["advantages"]), cut(out["loss_mask"]),
-                    ref_logprobs=cut(ref_logp), entropy=ent, **critic)
+                micro = [chunk] if cfg.micro_batch_size is None else list(
+                    chunk.split(cfg.micro_batch_size))
+                counts = None
+                if len(micro) > 1:  # one collective per minibatch, before any backward
+                    counts = self.loss_fn.counts(out["loss_mask"][chunk])
                 opt.zero_grad()
-                self.manual_backward(result["loss"])
+                for i, part in enumerate(micro):
+                    # DDP averages gradients at the last micro-batch's backward only
+                    with self._accumulating(last=i == len(micro) - 1):
+                        result = self._micro_batch_loss(batch, out, part, lengths, counts)
+                        self.manual_backward(result["loss"])
+                    self.adv_metrics.update(loss=result)
                 if cfg.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=cfg.max_grad_norm,
                                         gradient_clip_algorithm="norm")
                 opt.step()
-                self.adv_metrics.update(loss=result)
+
+    def _micro_batch_loss(self, batch: dict[str, Any], out: dict[str, Any], rows: Tensor,
+                          lengths: Tensor, counts: Any) -> dict[str, Tensor]:
+        """:class:`~lightning_adv.PPOLoss` on ``rows``, cut to their longest row."""
+        cfg = self.ppo_config
+        width = int(lengths[rows].max())
+        ids = batch["input_ids"][rows, :width]
+        logits, values = self.policy(ids)
+
+        def cut(x: Optional[Tensor]) -> Optional[Tensor]:
+            return None if x is None else x[rows, :width]
+
+        critic = {}
+        if self.critic:
+            critic = dict(values=values, old_values=cut(batch["values"]),
+                          returns=cut(out["returns"]))
+        # With entropy_coef 0 the entropy is only reported: no graph for it.
+        logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
+                                             entropy_grad=cfg.entropy_coef > 0)
+        ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
+        return self.loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]),
+                            cut(out["loss_mask"]), ref_logprobs=cut(ref_logp), entropy=ent,
+                            counts=counts, **critic)
+
+    def _accumulating(self, last: bool) -> Any:
+        """No gradient all-reduce before a minibatch's last micro-batch (DDP's no_sync);
+        a no-op outside DDP."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if last or not hasattr(strategy, "block_backward_sync"):
+            return contextlib.nullcontext()
+        return strategy.block_backward_sync()
 
     @torch.no_grad()
     def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,

@@ -20,13 +20,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_adv.trainer.policy import SMALL_VOCAB
 from lightning_adv.trainer.sampling import generate, score
 from lightning_adv.trainer.tasks import TaskError, TaskRuntime
+from lightning_adv.trainer.token_stats import sum_pi_squared_chunked
 
 
 def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
     """[B, T]: ``sum_v softmax(logits_t / temperature)_v ** 2`` (position t predicts token
-    t+1; the caller masks positions without a next token)."""
+    t+1; the caller masks positions without a next token). Over a large vocabulary in
+    chunks of rows, with no full-size float32 copy of the logits."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        b, t, v = logits.shape
+        return sum_pi_squared_chunked(logits.reshape(b * t, v), temperature).view(b, t)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     return (probs * probs).sum(dim=-1)
 

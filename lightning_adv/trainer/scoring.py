@@ -1,0 +1,73 @@
+"""The scoring step's forward passes over a rollout batch, in chunks of rows.
+
+Values, the recomputed log-probs (``prox_logp``), the reference log-probs and
+``sum_pi_squared`` need one pass of the policy and one of the reference over every row
+of the batch. With a Hugging Face vocabulary one pass's logits are ``[B, T, V]``
+(B=128, T=1024, V=150k: 79 GB in float32), so the passes run over at most
+``ppo.forward_batch_size`` rows at a time, each chunk cut to its own longest row, and a
+chunk's logits are reduced to ``[rows, T]`` numbers (:mod:`.token_stats`) before the
+next pass starts: at most one chunk's logits are alive. verl calls the same setting
+``log_prob_micro_batch_size_per_gpu``, OpenRLHF ``micro_rollout_batch_size``.
+
+Rows never see each other (causal attention over right-padded rows), so the numbers are
+those of one pass over the whole batch, to float rounding (kernels may block a smaller
+matrix differently). Every rank has the same rows per step, hence the same number of
+passes, as FSDP's collective forward needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from lightning_adv.trainer.policy import next_token_logprobs
+from lightning_adv.trainer.recipe_inputs import sum_pi_squared
+
+Model = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
+
+
+def row_chunks(rows: int, size: Optional[int]) -> list[slice]:
+    """Consecutive slices of at most ``size`` rows (None: one slice of all rows)."""
+    step = rows if size is None else size
+    return [slice(start, start + step) for start in range(0, rows, max(step, 1))]
+
+
+@torch.no_grad()
+def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengths: Tensor,
+                   temperature: float, *, values: bool, logprobs: bool, pi_squared: bool,
+                   rows: Optional[int] = None) -> dict[str, Tensor]:
+    """The requested ``[B, T]`` float32 tensors of the right-padded batch ``ids`` (real
+    lengths ``lengths``): ``values`` (the policy's critic), ``prox_logp`` (``logprobs``:
+    the policy's next-token log-probs), ``sum_pi_squared`` (``pi_squared``) and, with a
+    ``reference``, ``ref_logp``. Past a chunk's longest row they hold 0 (positions the
+    caller masks). ``rows``: rows per forward pass (None: the whole batch at once)."""
+    b, t = ids.shape
+    out: dict[str, Tensor] = {}
+
+    def put(name: str, chunk: slice, value: Tensor) -> None:
+        if name not in out:
+            out[name] = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
+        out[name][chunk, :value.shape[1]] = value.float()
+
+    run_policy = values or logprobs or pi_squared
+    for chunk in row_chunks(b, rows):
+        width = int(lengths[chunk].max())
+        part = ids[chunk, :width]
+        if run_policy:
+            logits, critic = policy(part)
+            if values:
+                assert critic is not None, "values requested of a policy without a value head"
+                put("values", chunk, critic)
+            if logprobs:
+                put("prox_logp", chunk, next_token_logprobs(logits, part, temperature))
+            if pi_squared:
+                put("sum_pi_squared", chunk, sum_pi_squared(logits, temperature))
+            del logits, critic  # before the reference pass allocates its own logits
+        if reference is not None:
+            ref_logits, _ = reference(part)
+            put("ref_logp", chunk, next_token_logprobs(ref_logits, part, temperature))
+            del ref_logits
+    return out
