@@ -40,7 +40,7 @@ turn value = value at its first active token, only turns with active tokens are 
 runs the same recurrence over [B, n_slots] and gathers the result back to tokens.
 
 Host syncs (they matter on CUDA): one for the 0/1 check of a non-bool mask; two with a λ
-tensor (its range, then chunk size and fallback rows); two more for turn GAE (turn-id
+tensor (its range, then chunk size and fallback rows; per row block on CPU); two more for turn GAE (turn-id
 validation, which also sizes the slot axis). The plain loops these kernels must agree
 with are in :mod:`lightning_adv.loops`.
 """
@@ -76,8 +76,8 @@ MAX_CHUNK = 1 << 15
 MIN_CHUNKED_COEF = math.exp(-_MAX_LOG_SPAN / MIN_CHUNK)
 #: Most elements of one block of rows in the CPU token kernel. Its dozen [B, T] int64 and
 #: float64 temporaries then stay in the core's cache (about 1 MiB each at this size);
-#: over whole batches of several million elements every pass went to memory, and time
-#: grew 3-5x per doubling of T beyond 16k steps.
+#: over whole batches every pass went to memory (at B = 16 the time grew 3-5x from
+#: T = 16384 to 32768 in the benchmark, 2x with blocks).
 CPU_BLOCK_ELEMENTS = 1 << 17
 
 
