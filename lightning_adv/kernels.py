@@ -40,8 +40,8 @@ turn value = value at its first active token, only turns with active tokens are 
 runs the same recurrence over [B, n_slots] and gathers the result back to tokens.
 
 Host syncs (they matter on CUDA): one for the 0/1 check of a non-bool mask; two with a λ
-tensor (its range, then chunk size and fallback rows; per row block on CPU); two more for turn GAE (turn-id
-validation, which also sizes the slot axis). The plain loops these kernels must agree
+tensor (its range, then chunk size and fallback rows; per row block on CPU); two more for
+turn GAE (turn-id validation, which also sizes the slot axis). The plain loops these kernels must agree
 with are in :mod:`lightning_adv.loops`.
 """
 
