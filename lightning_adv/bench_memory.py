@@ -19,11 +19,11 @@ it has neither key) is measured alike::
 
     python -m lightning_adv.bench_memory --vocab 32000 --hidden 32 --batch 16 --seq 256
 
-Peak: the process's peak resident set (``getrusage`` ``ru_maxrss``) during the pass,
-minus its resident set just before it (after a small warm-up pass), in MiB. torch's CPU
-allocator hands blocks straight to and from glibc, and the child processes run with
-``MALLOC_MMAP_THRESHOLD_=1048576`` so that every block of 1 MiB or more goes back to the
-system when freed: the peak is then the most memory the pass held at once. One float32
+Peak: the process's peak resident set during the pass (``VmHWM``, reset just before it:
+:func:`peak_mib`), minus its resident set just before it (after a small warm-up pass),
+in MiB. torch's CPU allocator hands blocks straight to and from glibc, and the child
+processes run with ``MALLOC_MMAP_THRESHOLD_=1048576`` so that every block of 1 MiB or
+more goes back to the system when freed: the peak is then the most memory the pass held at once. One float32
 copy of the logits is ``batch x seq x vocab x 4`` bytes.
 """
 
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Optional
 
 #: the commit before chunked scoring passes and chunked log-prob reductions
@@ -84,6 +85,27 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def peak_mib(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()`` and the most MiB of resident memory above this process's resident set
+    before it that the call held at once.
+
+    The peak is the kernel's high-water mark (``VmHWM``) reset to the current resident
+    set just before the call (``/proc/self/clear_refs``). ``ru_maxrss`` cannot serve: it
+    is the process's lifetime peak, and a child started by fork and exec starts with its
+    parent's, so a pass smaller than the parent's peak would read as the parent's."""
+    before = _rss_mib()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set to the current one
+    except OSError as err:
+        raise RuntimeError(f"bench_memory: resetting the peak resident set through "
+                           f"/proc/self/clear_refs failed ({err}); the bench needs Linux") from err
+    out = fn()
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return out, peak / 1024 - before
+
+
 def _module(model_dir: str, dtype: str, ppo_extra: dict[str, Any]) -> Any:
     """A ``PPOModule`` of this process's ``lightning_adv`` (critic, KL penalty, recomputed
     log-probs, an entropy bonus with its gradient) that runs ``update`` without a Trainer:
@@ -120,8 +142,6 @@ def measure(model_dir: str, batch: int, seq: int, dtype: str, phase: str,
     ``ppo.forward_batch_size``) or one ``update`` ("update", on the batch saved in
     ``inputs`` by phase "inputs"; ``size`` = ``ppo.micro_batch_size``) in this process,
     with whichever ``lightning_adv`` it imports (the baseline's has neither key)."""
-    import resource
-
     import torch
 
     key = {"scoring": "forward_batch_size", "update": "micro_batch_size"}.get(phase)
@@ -137,15 +157,14 @@ def measure(model_dir: str, batch: int, seq: int, dtype: str, phase: str,
         module.sgd.zero_grad(set_to_none=False)  # the gradients' memory is not the pass's
     else:
         groups = _episodes(batch, seq, vocab)
-    before = _rss_mib()
     start = time.perf_counter()
     if phase == "update":
-        module.update(*scored, torch.Generator().manual_seed(0))
+        _, peak = peak_mib(lambda: module.update(*scored, torch.Generator().manual_seed(0)))
     else:
-        assert {"values", "prox_logp", "ref_logp"} <= set(module.make_batch(groups)[0])
+        batch, peak = peak_mib(lambda: module.make_batch(groups)[0])
+        assert {"values", "prox_logp", "ref_logp"} <= set(batch)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"peak_mib": peak - before, "seconds": seconds}
+    return {"peak_mib": peak, "seconds": seconds}
 
 
 def run_in_process(source: Path, model_dir: Path, batch: int, seq: int, dtype: str,

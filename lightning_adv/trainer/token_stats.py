@@ -10,8 +10,9 @@ kept:
 
 - :func:`token_stats`: the chosen token's log-prob and the entropy, differentiable
   through a custom backward that recomputes the softmax chunk by chunk from the logits
-  (which the graph holds anyway) and the saved ``[N]`` logsumexp; the gradient comes back in
-  the logits' dtype, as autograd's of ``logits.float()`` would;
+  (saved for it in their own dtype: the one logits-sized tensor kept for the backward,
+  where ``log_softmax`` keeps its float32 output) and the saved ``[N]`` logsumexp; the
+  gradient comes back in the logits' dtype, as autograd's of ``logits.float()`` would;
 - :func:`sum_pi_squared_chunked`: ``sum_v p_v ** 2`` (no gradient; a recipe input).
 
 The numbers are those of the full-tensor formulas (``log_softmax``, ``softmax``) up to
