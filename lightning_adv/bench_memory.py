@@ -30,15 +30,14 @@ copy of the logits is ``batch x seq x vocab x 4`` bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Optional
+
+from lightning_adv.bench_trainer import run_reporting
 
 #: the commit before chunked scoring passes and chunked log-prob reductions
 DEFAULT_BASELINE = "0718eb3"
@@ -184,12 +183,7 @@ def run_in_process(source: Path, model_dir: Path, batch: int, seq: int, dtype: s
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1",
            "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     env.pop("PYTHONPATH", None)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=source)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("MEMORY ")]
-    if run.returncode or not lines:
-        raise RuntimeError(f"measuring {source} failed:\n{run.stderr[-3000:]}")
-    return json.loads(lines[-1][len("MEMORY "):])
+    return run_reporting(code, env, source, "MEMORY", f"measuring {source}")
 
 
 def _size(text: str) -> Optional[int]:

@@ -161,12 +161,18 @@ def run_in_process(source: Path, name: str, steps: int, threads: int) -> dict[st
         # the baseline runs with its own defaults: it did not choose a wait policy
         env.pop("OMP_WAIT_POLICY", None)
         env.pop(MARKER, None)
+    return run_reporting(code, env, source, "TIMINGS", f"{name} from {source}")
+
+
+def run_reporting(code: str, env: dict[str, str], cwd: Path, marker: str, what: str) -> Any:
+    """Run ``python -c code`` in ``cwd`` and return the JSON of its last stdout line that
+    starts with ``marker``; a failure raises with the end of its stderr."""
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=source)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("TIMINGS ")]
+                         cwd=cwd)
+    lines = [line for line in run.stdout.splitlines() if line.startswith(marker + " ")]
     if run.returncode or not lines:
-        raise RuntimeError(f"{name} from {source} failed:\n{run.stderr[-3000:]}")
-    return json.loads(lines[-1][len("TIMINGS "):])
+        raise RuntimeError(f"{what} failed:\n{run.stderr[-3000:]}")
+    return json.loads(lines[-1][len(marker) + 1:])
 
 
 def median_timings(runs: list[dict[str, float]]) -> dict[str, float]:
