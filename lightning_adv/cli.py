@@ -331,3 +331,13 @@ def main(args: ArgsType = None) -> None:
     except CheckpointMismatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Destroy the DDP process group Lightning leaves open after a run. Otherwise gloo's
+    threads are still joinable when the interpreter exits, and a run that finished cleanly
+    can abort there ("terminate called without an active exception", SIGABRT, exit -6)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

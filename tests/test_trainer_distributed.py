@@ -50,3 +50,25 @@ def test_resume_reproduces_the_next_steps_advantages_exactly(tmp_path, monkeypat
     after = scalars(tmp_path / "ppo" / "version_0")
     for tag in ("train/policy_loss", "train/value_loss"):
         assert after[tag] == first[tag] and sorted(after[tag]) == [0, 1, 2, 3], tag
+
+
+def test_the_cli_destroys_the_process_group_it_leaves_open(tmp_path):
+    """A DDP run's open gloo group at interpreter exit could abort a finished run
+    (SIGABRT): the CLI closes it on every way out, here a parse that exits early."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, "
+        "world_size=1)\n"
+        "from lightning_adv.cli import main\n"
+        "try:\n"
+        "    main(['fit', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('OPEN' if dist.is_initialized() else 'CLOSED')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "CLOSED"
