@@ -169,16 +169,23 @@ def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig,
         dropped = aligned.loss_mask.gather(1, position)[:, 0] == 0
         if config.mask_no_eos_with_zero:
             dropped &= ~facts.is_truncated
-        if bool(dropped.any()):
-            dropped_rows = dropped.nonzero().flatten().tolist()
-            message = (f"outcome rewards of rows {dropped_rows[:20]}"
-                       f"{' ...' if len(dropped_rows) > 20 else ''} land on an inactive position "
-                       f"(the row ends with non-generated tokens or has no generated token) and do "
-                       f"not reach GAE; set actor.dropped_outcome_reward to 'ignore' or 'raise'")
-            if config.dropped_outcome_reward == "raise":
-                raise ValueError(message)
-            warnings.warn(message, DroppedOutcomeRewardWarning, stacklevel=3)
+        report_dropped_outcomes(dropped, config, stacklevel=4)
     return outcome
+
+
+def report_dropped_outcomes(dropped: Tensor, config: ActorConfig, stacklevel: int) -> None:
+    """Warn about (or, as configured, refuse) outcome scores that landed on an inactive
+    position (``dropped``: [B] bool) and so never reach GAE."""
+    if config.dropped_outcome_reward == "ignore" or not bool(dropped.any()):
+        return
+    dropped_rows = dropped.nonzero().flatten().tolist()
+    message = (f"outcome rewards of rows {dropped_rows[:20]}"
+               f"{' ...' if len(dropped_rows) > 20 else ''} land on an inactive position "
+               f"(the row ends with non-generated tokens or has no generated token) and do "
+               f"not reach GAE; set actor.dropped_outcome_reward to 'ignore' or 'raise'")
+    if config.dropped_outcome_reward == "raise":
+        raise ValueError(message)
+    warnings.warn(message, DroppedOutcomeRewardWarning, stacklevel=stacklevel)
 
 
 def temporal_inputs(aligned: AlignedBatch, outcome: Tensor, config: ActorConfig,

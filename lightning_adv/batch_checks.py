@@ -65,13 +65,17 @@ class BatchFacts:
     batch_size: int
     width: int
     device: torch.device
-    seqlens: Tensor
+    seqlens: Optional[Tensor]
     """[B] long: attended tokens per row"""
-    is_truncated: Tensor
+    is_truncated: Optional[Tensor]
     """[B] bool: explicit ``is_truncated`` if given, else ``seqlen == T``"""
-    aligned_loss_mask: Tensor
+    aligned_loss_mask: Optional[Tensor]
     """[B, T] float32 0/1: the loss mask moved to the next-token convention (position t
     is 1 when token t+1 was generated); a new tensor"""
+    values_checked: bool = True
+    """False when :func:`validate_batch` left the ``[B, T]`` value checks to the fused
+    pass (:mod:`lightning_adv.fused`), which fills ``seqlens``, ``aligned_loss_mask`` and
+    ``is_truncated`` (until then the explicit one, or None)"""
 
 
 def _fail(key: str, expected: str, got: Any, exc: type[Exception] = ValueError) -> NoReturn:
@@ -298,11 +302,12 @@ def _check_rewards(rewards: Any, bs: int, device: torch.device) -> None:
         _check_finite("rewards", rewards)
 
 
-def _truncation(truncated: Any, seqlens: Tensor, bs: int, width: int,
-                device: torch.device) -> Tensor:
-    """[B] bool: the explicit ``is_truncated`` (checked), else the legacy ``seqlen == T``."""
+def _truncation(truncated: Any, seqlens: Optional[Tensor], bs: int, width: int,
+                device: torch.device) -> Optional[Tensor]:
+    """[B] bool: the explicit ``is_truncated`` (checked), else the legacy ``seqlen == T``
+    (None without seqlens)."""
     if truncated is None:
-        return seqlens == width
+        return None if seqlens is None else seqlens == width
     if not isinstance(truncated, Tensor):
         _fail("is_truncated", f"a bool tensor of shape [{bs}]", type(truncated).__name__,
               TypeError)
@@ -331,16 +336,32 @@ def _check_meta(meta: Optional[BatchMeta], bs: int) -> None:
 
 
 def validate_batch(batch: Any, meta: Optional[BatchMeta],
-                   config: Optional[ActorConfig] = None) -> BatchFacts:
+                   config: Optional[ActorConfig] = None, check_values: bool = True) -> BatchFacts:
     """Check the batch and meta against SPEC §1 before any arithmetic touches them.
 
     ``config`` says what to do about ``ref_logp``/``prox_logp`` above 0
-    (``positive_ref_prox_logp``; default: warn).
+    (``positive_ref_prox_logp``; default: warn). ``check_values=False`` checks keys,
+    shapes, dtypes, devices, rewards, ``is_truncated`` and meta only, and leaves the
+    ``[B, T]`` values (masks, finiteness, log-prob ranges) to the fused pass, which checks
+    them as it reads them.
     """
     bs, width, device = _check_required(batch)
     for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
         if present(batch, key):
             _check_token_tensor(key, batch[key], bs, width, device)
+    seqlens = aligned_loss_mask = None
+    if check_values:
+        seqlens, aligned_loss_mask = _check_values(batch, config)
+    _check_rewards(batch["rewards"], bs, device)
+    truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
+    _check_meta(meta, bs)
+    _report_near_miss_keys(batch)
+    return BatchFacts(bs, width, device, seqlens, truncated, aligned_loss_mask, check_values)
+
+
+def _check_values(batch: Mapping[str, Any],
+                  config: Optional[ActorConfig]) -> tuple[Tensor, Tensor]:
+    """The ``[B, T]`` value checks; returns seqlens and the aligned float32 loss mask."""
     # One host transfer for every [B, T] check: the float tensors' reductions and the
     # mask reductions; the exact checks run only to name a failure.
     float_keys = [key for key in TOKEN_FLOAT_KEYS if present(batch, key)]
@@ -359,11 +380,7 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta],
         # logprobs are token-aligned, ref_logp/prox_logp next-token aligned
         read = batch["loss_mask"] if key == "logprobs" else aligned_loss_mask
         _check_logp_range(key, batch[key], read, action)
-    _check_rewards(batch["rewards"], bs, device)
-    truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
-    _check_meta(meta, bs)
-    _report_near_miss_keys(batch)
-    return BatchFacts(bs, width, device, seqlens, truncated, aligned_loss_mask)
+    return seqlens, aligned_loss_mask
 
 
 def _check_logp_range(key: str, x: Tensor, read: Tensor, action: str) -> None:

@@ -52,11 +52,12 @@ import math
 import numbers
 import struct
 from collections.abc import Iterator
-from typing import Union
+from typing import NoReturn, Union
 
 import torch
 from torch import Tensor
 
+from lightning_adv import native
 from lightning_adv.workspace import scratch
 
 Lambda = Union[float, Tensor]
@@ -108,10 +109,11 @@ def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor
 
 
 def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
-                           gae_lambda: Lambda) -> None:
+                           gae_lambda: Lambda, check_mask: bool = True) -> None:
     """The values of a public kernel's arguments: ``discount`` and ``gae_lambda`` (a float or
-    every entry of a [B] tensor) finite and in [0, 1], ``loss_mask`` only 0 and 1. Shapes
-    and devices are :func:`check_kernel_inputs`' (the loops share those, not these).
+    every entry of a [B] tensor) finite and in [0, 1], ``loss_mask`` only 0 and 1 (unless
+    ``check_mask=False``: the caller's loop checks it). Shapes and devices are
+    :func:`check_kernel_inputs`' (the loops share those, not these).
 
     A non-bool mask costs one host sync and one pass: a min/max for integers; for floats
     ``m - m·m``, which is exactly 0 only for m = 0 and m = 1 in floating point too (m·m
@@ -134,7 +136,7 @@ def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"{name}: gae_lambda tensor entries must be finite and in [0, 1], "
                              f"got min {low}, max {high}")
-    if loss_mask.dtype == torch.bool:
+    if not check_mask or loss_mask.dtype == torch.bool:
         return
     if loss_mask.is_complex():
         raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got dtype {loss_mask.dtype}")
@@ -148,9 +150,15 @@ def check_kernel_arguments(name: str, loss_mask: Tensor, discount: float,
         low, high = torch.stack(torch.aminmax(loss_mask)).tolist()
         bad = not 0 <= low <= high <= 1
     if bad:
-        other = loss_mask[(loss_mask != 0) & (loss_mask != 1)]
-        raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got "
-                         f"{other.unique()[:6].tolist()}")
+        raise_mask_values(name, loss_mask)
+
+
+def raise_mask_values(name: str, loss_mask: Tensor) -> NoReturn:
+    """The error for a loss mask holding something other than 0 and 1 (its first few
+    other values)."""
+    other = loss_mask[(loss_mask != 0) & (loss_mask != 1)]
+    raise ValueError(f"{name}: loss_mask must hold only 0 and 1, got "
+                     f"{other.unique()[:6].tolist()}")
 
 
 class TurnIdError(ValueError):
@@ -261,13 +269,26 @@ def compute_token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, *,
     check_kernel_inputs("compute_token_gae",
                         {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                         bootstrap_values, gae_lambda)
-    check_kernel_arguments("compute_token_gae", loss_mask, discount, gae_lambda)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     # The legacy loop multiplies its running advantage by a λ tensor, so a float64 λ makes
     # its token outputs float64; keep that.
     out_dtype = torch.promote_types(dtype, gae_lambda.dtype) if isinstance(gae_lambda, Tensor) \
         else dtype
+    loop = (out_dtype == dtype and loss_mask.dtype in native.MASK_KINDS and rewards.numel() > 0
+            and native.runs_on(rewards, values, loss_mask, bootstrap_values))
+    # The loop checks the mask's values as it reads them.
+    check_kernel_arguments("compute_token_gae", loss_mask, discount, gae_lambda,
+                           check_mask=not loop)
     rewards, values = rewards.to(dtype), values.to(dtype)
+    if loop:
+        coef = _coefficient(discount, gae_lambda, dtype)
+        adv, returns, bad_row = native.token_gae(
+            rewards.contiguous(), values.contiguous(), loss_mask.contiguous(),
+            bootstrap_values.to(dtype).contiguous(), float(discount),
+            coef.contiguous() if isinstance(coef, Tensor) else coef)
+        if bad_row:
+            raise_mask_values("compute_token_gae", loss_mask)
+        return adv, returns
     # Column T-1 is never a timestep (it predicts nothing): as an inactive step it gets
     # advantage 0 and the row's last active position bootstraps.
     mask, bootstrap = loss_mask.to(dtype), bootstrap_values.to(dtype)

@@ -22,6 +22,7 @@ from lightning_adv.contracts import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, StageContractCheck,
     TemporalInputs, TemporalResult, check_advantage_result, check_outcome_result,
     check_process_result, check_temporal_result, read_only)
+from lightning_adv import fused
 from lightning_adv.distributed import (
     PeerRankFailed, check_peers, contributing_nothing, report_failure)
 from lightning_adv.lambdas import resolve_lambda_fn
@@ -73,9 +74,24 @@ class AdvantageModule(nn.Module):
             self.process = resolve_stage("process_adv_shaping", advantage.process_adv_shaping, config)
         if isinstance(config.gae_lambda, str):
             resolve_lambda_fn(config.gae_lambda, config.gae_lambda_kwargs, "actor.gae_lambda")
+        self._plan_for: tuple[Optional[ActorConfig], Optional[fused.FusedPlan]] = (None, None)
         self.workspaces = ThreadWorkspaces()
         """scratch buffers of the pipeline's temporaries, kept from call to call (CPU); see
         :mod:`lightning_adv.workspace`. ``module.workspaces.release()`` frees them."""
+
+    @property
+    def _fused_plan(self) -> Optional[fused.FusedPlan]:
+        """The fused pass's plan for the current config (a trainer's KL controller replaces
+        ``config`` between calls), or None when steps 4-8 run as torch steps."""
+        config, plan = self._plan_for
+        if config is not self.config:
+            default_steps = all(getattr(type(self), name) is getattr(AdvantageModule, name)
+                                for name in ("compute_default", "shape_outcome",
+                                             "align_and_estimate", "estimate"))
+            plan = None if self.config.advantage.is_replaced else fused.module_plan(
+                self.config, self.outcome, self.estimator, default_steps)
+            self._plan_for = (self.config, plan)
+        return plan
 
     @property
     def required_batch_keys(self) -> frozenset[str]:
@@ -116,7 +132,9 @@ class AdvantageModule(nn.Module):
     def _compute(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
                  prm: Optional[PRMAdvantageShapingConfig]) -> dict[str, Any]:
         batch = combine_reward_components(batch, meta, self.config)
-        facts = validate_batch(batch, meta, self.config)
+        # The fused pass checks the [B, T] values as it reads them (lightning_adv.fused).
+        facts = validate_batch(batch, meta, self.config,
+                               check_values=not fused.takes(batch, self._fused_plan))
         replaced = self.config.advantage.is_replaced
         # Check the call-time prm before any work (its mode is resolved per stage call).
         resolve_process_mode(prm, self.config, None if replaced else self.process)
@@ -186,12 +204,7 @@ class AdvantageModule(nn.Module):
         data = read_only({**batch, "rewards": penalized})
         outcome = self.shape_outcome(OutcomeRewardInputs(data, config, meta))
         scores = self.normalize_rewards(outcome, batch["rewards"], meta)
-        # A built-in token-level estimator with a fixed lambda never reads turn ids.
-        reads_turn_ids = not (self._estimator_is_builtin() and not isinstance(config.gae_lambda, str)
-                              and self.estimator.implementation in ("token_gae", "reinforce"))
-        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by(), reads_turn_ids)
-        outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
-        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta, data))
+        aligned, temporal = self.align_and_estimate(batch, facts, scores, meta, data)
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
             advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)
@@ -208,6 +221,25 @@ class AdvantageModule(nn.Module):
         return self._call(self.outcome, inputs, rewards.shape[0], 1, rewards.device,
                           lambda call, result: check_outcome_result(
                               call, result, _n_logical(inputs.meta)), task_rewards=rewards)
+
+    def align_and_estimate(self, batch: Mapping[str, Any], facts: BatchFacts, scores: Tensor,
+                           meta: Optional[BatchMeta], data: Mapping[str, Any]
+                           ) -> tuple[AlignedBatch, TemporalResult]:
+        """Steps 4-8: the batch moved to the next-token convention (masks, log-probs, KL and
+        process rewards), the outcome ``scores`` placed at each row's last generated
+        position, and the temporal estimator. A built-in token GAE on the CPU runs them as
+        one native pass that also checks the batch's values (:mod:`lightning_adv.fused`,
+        when ``validate_batch`` left those checks to it)."""
+        config = self.config
+        if not facts.values_checked:
+            return fused.align_and_estimate(batch, facts, scores, config, self._fused_plan)
+        # A built-in token-level estimator with a fixed lambda never reads turn ids.
+        reads_turn_ids = not (self._estimator_is_builtin() and not isinstance(config.gae_lambda, str)
+                              and self.estimator.implementation in ("token_gae", "reinforce"))
+        aligned = align_batch(batch, facts, config, self._turn_ids_needed_by(), reads_turn_ids)
+        outcome_rewards = place_outcome(scores, aligned, config, private=self._estimator_is_builtin())
+        temporal = self.estimate(temporal_inputs(aligned, outcome_rewards, config, meta, data))
+        return aligned, temporal
 
     def estimate(self, inputs: TemporalInputs) -> TemporalResult:
         """Temporal estimation stage: advantages, returns and total rewards."""

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from lightning_adv import native
 from lightning_adv.config import ActorConfig, NormConfig
 from lightning_adv.contracts import OutcomeResult
 from lightning_adv.distributed import all_reduce_sum, any_across_ranks
@@ -225,6 +226,9 @@ def _normalize_tokens(x: Tensor, config: NormConfig, mask: Tensor,
     result agrees with the float64 formula of :func:`affine_parameters` to a few float32
     ulps of ``(x - mean) / std``.
     """
+    if native.runs_on(x, mask):
+        return _normalize_tokens_native(x.contiguous(), config, mask.contiguous(), group_sizes,
+                                        member_counts)
     rows = x.shape[0]
     out = torch.mul(x, mask)                                     # x·mask, then deviations
     # (float32 sums, then float64: a dtype argument would convert [B, T] first)
@@ -256,6 +260,50 @@ def _normalize_tokens(x: Tensor, config: NormConfig, mask: Tensor,
     if config.std_unbiased:
         std = torch.where(groups.row_members == 1, torch.ones_like(std), std)
     return out.div_((std + config.eps).float()[:, None])
+
+
+def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
+                             group_sizes: Optional[Sequence[int]],
+                             member_counts: Optional[Sequence[int]]) -> Tensor:
+    """:func:`_normalize_tokens` in two native passes: per-row moments (count, mean and
+    squared deviations, float64), combined per group or batch, then the affine map
+    ``(x·mask - mean·mask) / (std + eps)`` in the same float32 operations."""
+    rows = x.shape[0]
+    count, shift, s1, s2 = native.masked_moments(x, mask).unbind(1)
+    per_row = count.clamp_min(1.0)
+    row_mean = shift + s1 / per_row
+    row_sq = s2 - s1 * s1 / per_row             # squared deviations from the row's mean
+    groups = None
+    if "group" in (config.mean_level, config.std_level):
+        groups = _group_index(tuple(group_slices(rows, group_sizes, config.group_size)),
+                              None if member_counts is None else tuple(member_counts), x.device)
+    if config.mean_level == "batch":
+        total, n = all_reduce_sum(torch.stack([(count * row_mean).sum(), count.sum()])).tolist()
+        if n == 0:  # (a global count: every rank returns here)
+            return x.float()
+        center = torch.full((rows,), total / n, dtype=torch.float64)
+    else:
+        if not bool(any_across_ranks(bool(count.sum() > 0), x.device)):
+            return x.float()
+        center = torch.zeros(rows, dtype=torch.float64)
+        if config.mean_level == "group":
+            total, n = groups.total(count * row_mean), groups.total(count)
+            center = torch.where(n == 0, 0.0, total / n.clamp_min(1.0))
+    if config.std_level is None:
+        scale = torch.ones(rows, dtype=torch.float64)
+    else:
+        # squared deviations from each row's centre: its own, plus its mean's offset
+        sq = row_sq + count * (row_mean - center).square()
+        if config.std_level == "batch":
+            total_sq, n = all_reduce_sum(torch.stack([sq.sum(), count.sum()]))
+            scale = torch.full((rows,), float(_std(total_sq, n, config.std_unbiased)) + config.eps,
+                               dtype=torch.float64)
+        else:
+            std = _std(groups.total(sq), groups.total(count), config.std_unbiased)
+            if config.std_unbiased:
+                std = torch.where(groups.row_members == 1, torch.ones_like(std), std)
+            scale = std + config.eps
+    return native.masked_affine(x, mask, center.float(), scale.float())
 
 
 class _GroupIndex:

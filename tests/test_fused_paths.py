@@ -4,6 +4,7 @@ helpers and the cached grouping index."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_adv import BatchMeta, NormConfig, RolloutGroup
-from lightning_adv import alignment, batch_checks, normalization
+from lightning_adv import alignment, batch_checks, native, normalization
 from lightning_adv.batch_checks import _MaskChecks, _explain_mask_error, aligned_loss_mask
 
 SETTINGS = settings(max_examples=150, deadline=None,
@@ -111,12 +112,19 @@ def reference_normalize(x, config, mask, sizes, members):
     return ((x - mean) * mask / scale).float()
 
 
+def kernel_path(path):
+    """The native loops (moments and affine map) or the torch passes."""
+    return contextlib.nullcontext() if path == "native" else native.disabled()
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
 @SETTINGS
 @given(st.integers(1, 6), st.integers(1, 30), st.sampled_from(["batch", "group", None]),
        st.sampled_from(["batch", "group", None]), st.booleans(), st.floats(1e-8, 1e-2),
        st.floats(0.01, 100.0), st.floats(-50.0, 50.0), st.integers(0, 2**31 - 1))
-def test_token_normalization_matches_the_float64_formula(groups, width, mean_level, std_level,
-                                                         unbiased, eps, spread, offset, seed):
+def test_token_normalization_matches_the_float64_formula(path, groups, width, mean_level,
+                                                         std_level, unbiased, eps, spread,
+                                                         offset, seed):
     gen = torch.Generator().manual_seed(seed)
     sizes = torch.randint(1, 4, (groups,), generator=gen).tolist()
     rows = sum(sizes)
@@ -124,7 +132,8 @@ def test_token_normalization_matches_the_float64_formula(groups, width, mean_lev
     mask = (torch.rand(rows, width, generator=gen) < 0.6).float()
     members = [max(1, s - int(torch.randint(0, 2, (), generator=gen))) for s in sizes]
     config = NormConfig(mean_level=mean_level, std_level=std_level, std_unbiased=unbiased, eps=eps)
-    got = normalization.normalize(x, config, mask, sizes, members)
+    with kernel_path(path):
+        got = normalization.normalize(x, config, mask, sizes, members)
     want = reference_normalize(x, config, mask, sizes, members)
     assert got.dtype == want.dtype == torch.float32
     # float32 statistics: a few ulps of (x - mean) / std, relative to the magnitudes involved
@@ -133,9 +142,12 @@ def test_token_normalization_matches_the_float64_formula(groups, width, mean_lev
     assert torch.allclose(got, want, rtol=1e-5, atol=tol), float((got - want).abs().max())
 
 
-def test_token_normalization_of_an_empty_mask_returns_the_input():
+@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("mean_level", ["batch", "group", None])
+def test_token_normalization_of_an_empty_mask_returns_the_input(path, mean_level):
     x = torch.randn(3, 5)
-    out = normalization.normalize(x, NormConfig(), torch.zeros(3, 5))
+    with kernel_path(path):
+        out = normalization.normalize(x, NormConfig(mean_level=mean_level), torch.zeros(3, 5))
     assert torch.equal(out, x)
 
 

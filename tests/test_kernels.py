@@ -1,18 +1,32 @@
-"""The fast GAE kernels against hand-computed numbers and against the reference loops."""
+"""The fast GAE kernels against hand-computed numbers and against the reference loops.
+
+Every test runs twice: with the native CPU loop (lightning_adv.native) where it applies,
+and with the torch kernels (as on CUDA). Tests of the torch kernels' internals (chunks,
+row blocks) force the torch kernels."""
 
 from __future__ import annotations
 
+import contextlib
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_adv import kernels
+from lightning_adv import kernels, native
 from lightning_adv.kernels import compute_token_gae, compute_turn_gae, validate_turn_ids
 from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
 
 TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module", params=["native", "torch"])
+def kernel_path(request):
+    """Each test of this module once per path (module scope: hypothesis tests may use it)."""
+    if request.param == "native" and not native.available():
+        pytest.fail(f"the native library is not in use: {native.STATUS}")
+    with contextlib.nullcontext() if request.param == "native" else native.disabled():
+        yield request.param
 
 
 def assert_close(got, want, tol=TOL):
@@ -236,7 +250,7 @@ def test_token_gae_matches_loop(b):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches(max_rows=7), st.integers(1, 200))
-def test_token_gae_in_row_blocks_matches_loop(monkeypatch, b, block_elements):
+def test_token_gae_in_row_blocks_matches_loop(monkeypatch, torch_kernels, b, block_elements):
     """Large CPU batches run in blocks of rows (a small block size here, so blocks of one
     row, of several and a ragged last block all occur, with per-row λ split with them)."""
     monkeypatch.setattr(kernels, "CPU_BLOCK_ELEMENTS", block_elements)
@@ -315,10 +329,10 @@ def test_long_float32_rows_match_exact_sums(b, discount):
     torch.tensor([1.2, -0.5, 0.9, 0.99]),   # out of [0, 1]: the exact scan's signed powers
     -0.5,                                   # a negative float λ: chunked, signed powers
 ])
-def test_scan_paths_match_loop(gae_lambda, monkeypatch):
+def test_scan_paths_match_loop(gae_lambda, monkeypatch, torch_kernels):
     # The public kernels refuse λ outside [0, 1] (test_kernel_argument_values_are_checked);
     # the scan itself is still exercised there, so the check is bypassed for this test.
-    monkeypatch.setattr(kernels, "check_kernel_arguments", lambda *args: None)
+    monkeypatch.setattr(kernels, "check_kernel_arguments", lambda *args, **kwargs: None)
     gen = torch.Generator().manual_seed(3)
     bs, width = 4, 1500
     mask = random_mask(gen, bs, width)
@@ -335,7 +349,8 @@ def test_scan_paths_match_loop(gae_lambda, monkeypatch):
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 5000])
-def test_chunked_scan_agrees_with_the_loop_for_any_chunk_length(monkeypatch, chunk):
+def test_chunked_scan_agrees_with_the_loop_for_any_chunk_length(monkeypatch, torch_kernels,
+                                                                chunk):
     """Force the chunk length: one step, odd lengths with padding, and a single chunk
     must all give the loop's numbers (the carries between chunks included)."""
     calls = []
