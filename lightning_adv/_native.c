@@ -402,26 +402,33 @@ HOT EXPORT int64_t la_token_pipeline(
 
 /* ----------------------------------------------------------------- normalization */
 
-/* Per row: count, shift (the first active value) and the sums of (x - shift) and its
-   square over the positions where mask is 1 (float64), for masked means and variances
-   combined across rows and ranks without a second pass. */
+/* Per row: the count of positions where mask is 1 and the sums of d = x - shift and of
+   d*d there (float64), for masked means and variances combined over rows, groups and
+   ranks without a second pass. One shift for the batch (the first masked value, written
+   to *shift) keeps the sums small where x is far from 0; the caller combines them as
+   mean = shift + S1/n, squared deviations S2 - S1*S1/n. */
 HOT EXPORT void la_masked_moments(int64_t B, int64_t T, const float *x, const float *mask,
-                                  double *moments) {
-    if (T < 1) return;
+                                  double *shift, double *moments) {
+    const int64_t n_all = B * T;
+    int64_t first = 0;
+    while (first < n_all && mask[first] == 0.0f) ++first;
+    const double c = first < n_all ? (double)x[first] : 0.0;
+    *shift = c;
     for (int64_t b = 0; b < B; ++b) {
         const float *restrict xr = x + b * T;
         const float *restrict mr = mask + b * T;
-        int64_t first = 0;
-        while (first < T && mr[first] == 0.0f) ++first;
-        double shift = first < T ? (double)xr[first] : 0.0;
         double n = 0.0, s1 = 0.0, s2 = 0.0;
-        for (int64_t t = first; t < T; ++t) {
+        for (int64_t t = 0; t < T; ++t) {
             double w = (double)mr[t];
-            double d = ((double)xr[t] - shift) * w;
-            n += w; s1 += d; s2 += d * d;
+            double d = ((double)xr[t] - c) * w;
+            n += w;
+            s1 += d;
+            s2 += d * d;
         }
-        double *out = moments + 4 * b;
-        out[0] = n; out[1] = shift; out[2] = s1; out[3] = s2;
+        double *out = moments + 3 * b;
+        out[0] = n;
+        out[1] = s1;
+        out[2] = s2;
     }
 }
 

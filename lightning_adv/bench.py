@@ -7,6 +7,7 @@ import datetime
 import os
 import platform
 import pstats
+import random
 import statistics
 import sys
 import time
@@ -21,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_adv import (
     ActorConfig, AdvantageModule, GAELambdaContext, compute_token_gae, compute_turn_gae,
-    concat_batch, vapo_length_adaptive_gae)
+    concat_batch, native, vapo_length_adaptive_gae)
 from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
 from lightning_adv.openmp import wait_policy_note
 from lightning_adv.recipes import recipe
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = {
     "token_vs_loop": 20.0,     # token GAE at least 20x the loop (at B=64, T=2048)
-    "token_vs_clone": 8.0,     # ... and within 8x of the clone
+    "token_vs_clone": 8.0,     # ... and within 8x of the clone (64x2048 and above)
     "turn_vs_row_loop": 5.0,   # turn GAE at least 5x the per-row loop
     "module_vs_kernel": 1.5,   # the whole module at most 1.5x its kernel call (3x at 8x512)
     "module_vs_kernel_small": 3.0,
@@ -168,7 +169,9 @@ def _time_once(case: Case, device: torch.device) -> float:
 
 def run_cases(cases: Sequence[Case], repeats: int, device: torch.device) -> None:
     """Warm up the fast cases, time one run of each slow case to set its repeats, then
-    time round by round, every case once per round (slow ones until their repeats end)."""
+    time round by round, every case once per round (slow ones until their repeats end),
+    in a new order each round: with glibc's allocator the case after one that freed large
+    blocks pays the page faults of getting them back, and no case should always be it."""
     for case in cases:
         if case.slow:
             case.times.append(_time_once(case, device))
@@ -177,17 +180,20 @@ def run_cases(cases: Sequence[Case], repeats: int, device: torch.device) -> None
             for _ in range(2):
                 _time_once(case, device)
             case.repeats = repeats
+    order = random.Random(0)
     for _ in range(repeats):
-        for case in cases:
+        for case in order.sample(list(cases), len(cases)):
             if len(case.times) < case.repeats:
                 case.times.append(_time_once(case, device))
 
 
-def _with_workspace(fn: Callable[[], object]) -> Callable[[], object]:
+def _torch_path(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the torch kernels and torch steps (as on CUDA, or without the native
+    library), with reused temporaries where a module would reuse them."""
     workspace = Workspace()
 
     def run() -> object:
-        with workspace.active():
+        with native.disabled(), workspace.active():
             return fn()
     return run
 
@@ -217,12 +223,15 @@ def bench_size(bs: int, width: int, device: torch.device, repeats: int,
             Case("token_fast_095", token(compute_token_gae, 0.95)),
             Case("token_fast_row", token(compute_token_gae, x.row_lambda)),
             Case("turn_fast", turn(compute_turn_gae, 0.95)),
-            Case("token_reused_1", _with_workspace(token(compute_token_gae, 1.0))),
-            Case("token_reused_095", _with_workspace(token(compute_token_gae, 0.95))),
+            Case("token_torch_1", _torch_path(token(compute_token_gae, 1.0))),
+            Case("token_torch_095", _torch_path(token(compute_token_gae, 0.95))),
         ]
         for name, config in configs.items():
             module = AdvantageModule(config)
             cases.append(Case(f"module {name}", lambda m=module: m(x.batch, x.meta)))
+            torch_module = AdvantageModule(config)
+            cases.append(Case(f"torch module {name}",
+                              _torch_path(lambda m=torch_module: m(x.batch, x.meta))))
         if count == threads[0]:
             cases += [Case("token_loop", token(token_gae_loop, 0.95), slow=True),
                       Case("turn_slot_loop", turn(turn_gae_loop, 0.95), slow=True),
@@ -253,15 +262,15 @@ def bench_scaling(device: torch.device, repeats: int,
                                              gae_lambda=lam)
         cases = [Case("clone_token", lambda args=args: [t.clone() for t in args]),
                  Case("token_fast_1", token(1.0)), Case("token_fast_095", token(0.95)),
-                 Case("token_reused_1", _with_workspace(token(1.0))),
-                 Case("token_reused_095", _with_workspace(token(0.95)))]
+                 Case("token_torch_1", _torch_path(token(1.0))),
+                 Case("token_torch_095", _torch_path(token(0.95)))]
         by_width[width] = {case.name: case for case in cases}
     run_cases([c for cases in by_width.values() for c in cases.values()], repeats, device)
     return by_width
 
 
 def scaling_report(by_width: dict[int, dict[str, Case]]) -> str:
-    names = ["clone_token", "token_fast_1", "token_fast_095", "token_reused_1", "token_reused_095"]
+    names = ["clone_token", "token_fast_1", "token_fast_095", "token_torch_1", "token_torch_095"]
     lines = [f"### Kernel time against T (B = {SCALING_ROWS}): time and ratio to the previous T "
              f"(target ≤{PER_DOUBLING}× per doubling)\n"]
     rows, previous = [], None
@@ -365,8 +374,8 @@ KERNEL_COLUMNS = [
     ("token_loop", "token loop"),
     ("token_fast_1", "token fast γλ=1"),
     ("token_fast_095", "token fast γλ=0.95"),
-    ("token_reused_1", "token reused γλ=1"),
-    ("token_reused_095", "token reused γλ=0.95"),
+    ("token_torch_1", "token torch γλ=1"),
+    ("token_torch_095", "token torch γλ=0.95"),
     ("token_fast_row", "token fast λ[B]"),
     ("clone_turn", "clone (turn inputs)"),
     ("turn_row_loop", "turn per-row loop"),
@@ -382,10 +391,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def report(results: dict[tuple[str, int, int], dict[Optional[int], dict[str, Case]]],
            peaks: Optional[dict[tuple[str, int, int], dict[str, Optional[float]]]] = None,
-           configs: Optional[dict[str, ActorConfig]] = None) -> str:
-    """Markdown tables: times, kernel ratios, module ratios (and peak memory), and threads."""
+           configs: Optional[dict[str, ActorConfig]] = None,
+           traffic: Optional[dict[tuple[str, int, int], dict[str, tuple[float, float]]]] = None
+           ) -> str:
+    """Markdown tables: times, kernel ratios, module ratios (with memory traffic and peak
+    memory), and threads."""
     configs = module_configs() if configs is None else configs
-    peaks = peaks or {}
+    peaks, traffic = peaks or {}, traffic or {}
     lines = []
     for device in dict.fromkeys(key[0] for key in results):
         sizes = [key for key in results if key[0] == device]
@@ -395,7 +407,7 @@ def report(results: dict[tuple[str, int, int], dict[Optional[int], dict[str, Cas
             lines.append(f"### {label}\n")
             lines += _time_table(results, sizes, count)
             lines += _kernel_ratio_table(results, sizes, count, thread_counts[0])
-            lines += _module_table(results, peaks, configs, sizes, count)
+            lines += _module_table(results, peaks, configs, sizes, count, traffic)
         if len(thread_counts) > 1:
             lines += _thread_table(results, sizes, thread_counts)
     return "\n".join(lines)
@@ -431,24 +443,44 @@ def _kernel_ratio_table(results, sizes, count, loop_count) -> list[str]:
                      _fmt_ratio(loops["token_loop"] / m["token_fast_095"],
                                 TARGETS["token_vs_loop"]),
                      *[_fmt_ratio(m[n] / m["clone_token"], TARGETS["token_vs_clone"], False)
-                       for n in ("token_fast_1", "token_fast_095", "token_reused_1",
-                                 "token_reused_095")],
+                       for n in ("token_fast_1", "token_fast_095", "token_torch_1",
+                                 "token_torch_095")],
+                     _fmt_ratio(m["token_torch_095"] / m["token_fast_095"]),
                      _fmt_ratio(loops["turn_row_loop"] / m["turn_fast"],
                                 TARGETS["turn_vs_row_loop"]),
                      _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"])])
     lines += _table(["B×T", "token loop ÷ fast, γλ=0.95 (≥20×)",
                      "fast ÷ clone, γλ=1 (≤8×)", "fast ÷ clone, γλ=0.95 (≤8×)",
-                     "reused ÷ clone, γλ=1 (≤8×)", "reused ÷ clone, γλ=0.95 (≤8×)",
-                     "turn per-row loop ÷ fast (≥5×)", "turn slot loop ÷ fast"], rows)
+                     "torch ÷ clone, γλ=1", "torch ÷ clone, γλ=0.95",
+                     "torch ÷ fast, γλ=0.95", "turn per-row loop ÷ fast (≥5×)",
+                     "turn slot loop ÷ fast"], rows)
     return lines + [""]
 
 
-def _module_table(results, peaks, configs, sizes, count) -> list[str]:
+def module_traffic(module: AdvantageModule, x: "Inputs") -> tuple[float, float]:
+    """Bytes per ``[B, T]`` position that one module call and its bare kernel call must move
+    at least: the ``[B, T]`` tensors the default pipeline reads, plus its new ``[B, T]``
+    outputs; the kernel reads three and writes two ``[B, T]`` tensors."""
+    out = module(x.batch, x.meta)
+    shape = x.loss_mask.shape
+    read = sum(x.batch[key].element_size() for key in
+               ("attention_mask", "loss_mask", "logprobs", "ref_logp", "values") if key in x.batch)
+    inputs = {id(v) for v in x.batch.values()}
+    outputs = {id(v): v for v in out.values() if isinstance(v, Tensor)
+               and v.shape == shape and id(v) not in inputs}  # (prox_logp is logprobs)
+    written = sum(v.element_size() for v in outputs.values())
+    return float(read + written), float(5 * x.rewards.element_size())
+
+
+def _module_table(results, peaks, configs, sizes, count, traffic) -> list[str]:
     lines = ["The module against the kernel call it makes (the token kernel at its "
-             "γλ: 1 for default and GRPO, 0.95 for ppo.yaml), bare and with reused "
-             "temporaries; target ≤1.5× (≤3× at 8×512). Peak: the most memory one "
-             "call holds (outputs and kept scratch included), in [B, T] float32 "
-             "tensors (target ≤20).\n"]
+             "γλ: 1 for default and GRPO, 0.95 for ppo.yaml); target ≤1.5× (≤3× at "
+             "8×512). \"torch module\": the same call with the torch steps and kernels "
+             "(as on CUDA, or without the native library). Bytes: what one call must at "
+             "least read and write per [B, T] position (its [B, T] inputs, its new [B, T] "
+             "outputs), against the kernel's. Peak: the most memory one call holds "
+             "(outputs and kept scratch included), in [B, T] float32 tensors (target "
+             "≤20).\n"]
     rows = []
     for key in sizes:
         m = {n: c.median for n, c in results[key][count].items()}
@@ -456,18 +488,21 @@ def _module_table(results, peaks, configs, sizes, count) -> list[str]:
             else TARGETS["module_vs_kernel"]
         for name, config in configs.items():
             kernel = kernel_case(config)
-            reused = kernel.replace("fast", "reused")
             peak = peaks.get(key, {}).get(name)
+            moved, kernel_moved = traffic.get(key, {}).get(name, (float("nan"), float("nan")))
             rows.append([f"{key[1]}×{key[2]}", name, _fmt_time(m[f"module {name}"]),
                          _fmt_ratio(m[f"module {name}"] / m[kernel], target, False),
-                         _fmt_ratio(m[f"module {name}"] / m[reused], target, False),
+                         _fmt_time(m[f"torch module {name}"]),
+                         _fmt_ratio(m[f"torch module {name}"] / m[f"module {name}"]),
+                         f"{moved:.0f} ÷ {kernel_moved:.0f} = {moved / kernel_moved:.1f}×",
                          "" if peak is None else
                          f"{peak:.1f} {'✓' if peak <= TARGETS['peak_tensors'] else '✗'}"])
-    return lines + _table(["B×T", "config", "module", "÷ bare kernel", "÷ reused kernel",
+    return lines + _table(["B×T", "config", "module", "÷ bare kernel", "torch module",
+                           "torch ÷ module", "bytes/position ÷ kernel's",
                            "peak [B,T] f32"], rows) + [""]
 
 
-THREAD_CASES = ("clone_token", "token_fast_1", "token_fast_095", "token_reused_095",
+THREAD_CASES = ("clone_token", "token_fast_1", "token_fast_095", "token_torch_095",
                 "turn_fast")
 
 
@@ -488,21 +523,22 @@ def _thread_table(results, sizes, thread_counts) -> list[str]:
     return lines + _table(["B×T", "threads"] + names, rows) + [""]
 
 
-#: The pipeline steps of ``AdvantageModule.forward`` as (file suffix, function name).
+#: The pipeline steps of ``AdvantageModule.forward`` as (file suffix, function name, label).
 PIPELINE_STEPS = (
-    ("module.py", "forward"),
-    ("batch_checks.py", "validate_batch"),
-    ("rewards.py", "apply_length_penalty"),
-    ("module.py", "shape_outcome"),
-    ("module.py", "normalize_rewards"),
-    ("alignment.py", "align_batch"),
-    ("alignment.py", "place_outcome"),
-    ("alignment.py", "temporal_inputs"),
-    ("module.py", "estimate"),
-    ("kernels.py", "compute_token_gae"),
-    ("module.py", "normalize_advantages"),
-    ("module.py", "shape_process"),
-    ("module.py", "_output"),
+    ("module.py", "forward", "forward"),
+    ("batch_checks.py", "validate_batch", "validate_batch"),
+    ("rewards.py", "apply_length_penalty", "apply_length_penalty"),
+    ("module.py", "shape_outcome", "shape_outcome"),
+    ("module.py", "normalize_rewards", "normalize_rewards"),
+    ("module.py", "align_and_estimate", "align_and_estimate (steps 4-8)"),
+    ("fused.py", "align_and_estimate", "fused native pass (inside)"),
+    ("alignment.py", "align_batch", "align_batch"),
+    ("alignment.py", "place_outcome", "place_outcome"),
+    ("module.py", "estimate", "estimate"),
+    ("kernels.py", "compute_token_gae", "kernel (inside estimate)"),
+    ("module.py", "normalize_advantages", "normalize_advantages"),
+    ("module.py", "shape_process", "shape_process"),
+    ("module.py", "_output", "_output"),
 )
 
 
@@ -518,16 +554,15 @@ def profile_module(name: str, module: AdvantageModule, x: Inputs, calls: int) ->
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
     found = {}
     for (path, _, func), (_, _, _, cumulative, _) in stats.items():
-        for suffix, step in PIPELINE_STEPS:
+        for suffix, step, label in PIPELINE_STEPS:
             if func == step and path.endswith(suffix):
-                found[step] = found.get(step, 0.0) + cumulative / calls
+                found[label] = found.get(label, 0.0) + cumulative / calls
     total = found.get("forward", float("nan"))
     rows = []
-    for _, step in PIPELINE_STEPS:
-        if step in found:
-            label = "kernel (inside estimate)" if step == "compute_token_gae" else step
-            rows.append(f"| {name} | {label} | {_fmt_time(found[step])} | "
-                        f"{100 * found[step] / total:.0f}% |")
+    for _, _, label in PIPELINE_STEPS:
+        if label in found:
+            rows.append(f"| {name} | {label} | {_fmt_time(found[label])} | "
+                        f"{100 * found[label] / total:.0f}% |")
     return "\n".join(rows)
 
 
@@ -650,7 +685,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           + (", glibc malloc tuned (--tune-malloc)" if tuned else ", default allocator")
           + f"; {wait_policy_note()}\n", flush=True)
     configs = module_configs()
-    results, peaks = {}, {}
+    results, peaks, traffic = {}, {}, {}
     for device in devices:
         for bs, width in args.sizes:
             print(f"{device.type} {bs}x{width} ...", flush=True)
@@ -659,13 +694,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             x = realistic_inputs(bs, width, device)
             peaks[key] = {name: module_peak_tensors(AdvantageModule(config), x)
                           for name, config in configs.items()}
+            traffic[key] = {name: module_traffic(AdvantageModule(config), x)
+                            for name, config in configs.items()}
     scaling = None
     if args.scaling:
         torch.set_num_threads(args.threads[0])
         print(f"cpu scaling B={SCALING_ROWS} ...", flush=True)
         scaling = bench_scaling(torch.device("cpu"), args.repeats)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}\n")
-    print(report(results, peaks, configs))
+    print(report(results, peaks, configs, traffic))
     if scaling is not None:
         print(scaling_report(scaling))
     if args.profile_module:

@@ -53,7 +53,7 @@ _SIGNATURES = {
     "la_token_gae_f64": ([_I64, _I64, _P, _P, _P, _INT, _P, _F64, _F64, _P, _P, _P], _I64),
     "la_token_pipeline": ([_I64, _I64, _P, _INT, _P, _INT, _P, _P, _P, _P, _P, _INT, _F64,
                            _F64, _F64, _INT, _F64] + [_P] * 12, _I64),
-    "la_masked_moments": ([_I64, _I64, _P, _P, _P], None),
+    "la_masked_moments": ([_I64, _I64, _P, _P, _P, _P], None),
     "la_masked_affine": ([_I64, _I64, _P, _P, _P, _P, _P], None),
 }
 
@@ -197,14 +197,16 @@ def token_pipeline(attention: Tensor, loss: Tensor, logprobs: Tensor, ref_logp: 
                            bootstrap, failed)
 
 
-def masked_moments(x: Tensor, mask: Tensor) -> Tensor:
-    """Per row of float32 ``x`` over float32 0/1 ``mask``: ``[B, 4]`` float64 (count, shift,
-    sum and sum of squares of ``x - shift`` at the masked positions), the shift being the
-    first masked value (see :func:`lightning_adv.normalization.combine_moments`)."""
+def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, float]:
+    """Per row of float32 ``x`` over float32 0/1 ``mask``: ``[B, 3]`` float64 (count, sum
+    and sum of squares of ``x - shift`` at the masked positions), and ``shift`` (the batch's
+    first masked value). See :func:`lightning_adv.normalization._normalize_tokens_native`."""
     bs, width = x.shape
-    moments = torch.empty((bs, 4), dtype=torch.float64)
-    _LIB.la_masked_moments(bs, width, x.data_ptr(), mask.data_ptr(), moments.data_ptr())
-    return moments
+    moments = torch.empty((bs, 3), dtype=torch.float64)
+    shift = ctypes.c_double()
+    _LIB.la_masked_moments(bs, width, x.data_ptr(), mask.data_ptr(), ctypes.addressof(shift),
+                           moments.data_ptr())
+    return moments, shift.value
 
 
 def masked_affine(x: Tensor, mask: Tensor, shift: Tensor, scale: Tensor) -> Tensor:

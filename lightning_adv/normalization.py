@@ -265,44 +265,56 @@ def _normalize_tokens(x: Tensor, config: NormConfig, mask: Tensor,
 def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
                              group_sizes: Optional[Sequence[int]],
                              member_counts: Optional[Sequence[int]]) -> Tensor:
-    """:func:`_normalize_tokens` in two native passes: per-row moments (count, mean and
-    squared deviations, float64), combined per group or batch, then the affine map
+    """:func:`_normalize_tokens` in two native passes: per-row counts and shifted sums
+    (float64), combined per batch (scalars) or group, then the affine map
     ``(x·mask - mean·mask) / (std + eps)`` in the same float32 operations."""
     rows = x.shape[0]
-    count, shift, s1, s2 = native.masked_moments(x, mask).unbind(1)
-    per_row = count.clamp_min(1.0)
-    row_mean = shift + s1 / per_row
-    row_sq = s2 - s1 * s1 / per_row             # squared deviations from the row's mean
-    groups = None
+    moments, shift = native.masked_moments(x, mask)
+    count, s1, s2 = (float(v) for v in moments.sum(dim=0).tolist())
+    # This rank's mean and squared deviations, merged across ranks as (count, count·mean),
+    # then the deviations from the merged mean (Chan et al.'s pairwise update).
+    mean = shift + s1 / count if count else 0.0
+    sq = max(s2 - s1 * s1 / count, 0.0) if count else 0.0   # (rounding could go below 0)
+    if config.mean_level == "batch":
+        total_count, total = all_reduce_sum(torch.tensor([count, count * mean],
+                                                         dtype=torch.float64)).tolist()
+        if total_count == 0:  # (a global count: every rank returns here)
+            return x.float()
+        center_g = total / total_count          # every group's centre
+        center = torch.full((rows,), center_g, dtype=torch.float64)
+    elif not bool(any_across_ranks(count > 0, x.device)):
+        return x.float()
     if "group" in (config.mean_level, config.std_level):
         groups = _group_index(tuple(group_slices(rows, group_sizes, config.group_size)),
                               None if member_counts is None else tuple(member_counts), x.device)
-    if config.mean_level == "batch":
-        total, n = all_reduce_sum(torch.stack([(count * row_mean).sum(), count.sum()])).tolist()
-        if n == 0:  # (a global count: every rank returns here)
-            return x.float()
-        center = torch.full((rows,), total / n, dtype=torch.float64)
-    else:
-        if not bool(any_across_ranks(bool(count.sum() > 0), x.device)):
-            return x.float()
-        center = torch.zeros(rows, dtype=torch.float64)
-        if config.mean_level == "group":
-            total, n = groups.total(count * row_mean), groups.total(count)
-            center = torch.where(n == 0, 0.0, total / n.clamp_min(1.0))
+        per_group = torch.zeros(groups.n_groups, 3, dtype=torch.float64)
+        per_group.index_add_(0, groups.row_group, moments)
+        n_g, s1_g, s2_g = per_group.unbind(1)
+        mean_g = shift + s1_g / n_g.clamp_min(1.0)           # (0 counts: 0 sums, unused)
+        sq_g = (s2_g - s1_g * s1_g / n_g.clamp_min(1.0)).clamp_min(0.0)
+    if config.mean_level == "group":
+        center_g = torch.where(n_g == 0, 0.0, mean_g)
+        center = center_g[groups.row_group]
+    elif config.mean_level is None:
+        center_g, center = 0.0, torch.zeros(rows, dtype=torch.float64)
     if config.std_level is None:
         scale = torch.ones(rows, dtype=torch.float64)
-    else:
-        # squared deviations from each row's centre: its own, plus its mean's offset
-        sq = row_sq + count * (row_mean - center).square()
-        if config.std_level == "batch":
-            total_sq, n = all_reduce_sum(torch.stack([sq.sum(), count.sum()]))
-            scale = torch.full((rows,), float(_std(total_sq, n, config.std_unbiased)) + config.eps,
-                               dtype=torch.float64)
+    elif config.std_level == "batch":
+        # squared deviations from each position's centre: from the rank's (or group's)
+        # mean, plus that mean's offset from the centre
+        if config.mean_level == "group":
+            local_sq = float((sq_g + n_g * (mean_g - center_g).square()).sum())
         else:
-            std = _std(groups.total(sq), groups.total(count), config.std_unbiased)
-            if config.std_unbiased:
-                std = torch.where(groups.row_members == 1, torch.ones_like(std), std)
-            scale = std + config.eps
+            local_sq = sq + count * (mean - center_g) ** 2
+        total_sq, total_count = all_reduce_sum(torch.tensor([local_sq, count],
+                                                            dtype=torch.float64))
+        std = float(_std(total_sq, total_count, config.std_unbiased))
+        scale = torch.full((rows,), std + config.eps, dtype=torch.float64)
+    else:
+        std = _std(sq_g + n_g * (mean_g - center_g).square(), n_g, config.std_unbiased)
+        if config.std_unbiased:
+            std = torch.where(groups.group_members == 1, torch.ones_like(std), std)
+        scale = (std + config.eps)[groups.row_group]
     return native.masked_affine(x, mask, center.float(), scale.float())
 
 
@@ -320,6 +332,7 @@ class _GroupIndex:
                                device=device)
         self.row_group = torch.repeat_interleave(torch.arange(self.n_groups, device=device),
                                                  torch.tensor(sizes, device=device))
+        self.group_members = members
         self.row_members = members[self.row_group]
 
     def total(self, per_row: Tensor) -> Tensor:

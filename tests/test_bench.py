@@ -18,7 +18,7 @@ def test_bench_prints_times_ratios_threads_and_memory(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "Kernel time against T" in out and "| 32 |" in out
     assert "| 8×32 |" in out and "| 3×16 |" in out
-    assert "token loop ÷ fast" in out and "÷ bare kernel" in out and "÷ reused kernel" in out
+    assert "token loop ÷ fast" in out and "÷ bare kernel" in out and "torch module" in out and "bytes/position" in out
     assert "### cpu, 1 thread" in out and "### cpu, 2 threads" in out
     assert "time with more threads ÷ time with 1" in out
     for name in ("default", "ppo.yaml", "GRPO"):
