@@ -189,6 +189,8 @@ class MetaIndex:
     explicit_rewards: Tensor
     """[R] float64: the explicit reference rewards (0 where none)"""
     any_explicit: bool
+    one_row_each: bool
+    """every logical rollout is one row (rollout index = row index)"""
 
     @staticmethod
     def build(meta: "BatchMeta", device: torch.device) -> "MetaIndex":
@@ -202,7 +204,7 @@ class MetaIndex:
             rollout_of_row=torch.repeat_interleave(torch.arange(len(counts)), counts).to(device),
             rollout_starts=(counts.cumsum(0) - counts).to(device),
             explicit_supplied=supplied.to(device), explicit_rewards=values.to(device),
-            any_explicit=bool(supplied.any()))
+            any_explicit=bool(supplied.any()), one_row_each=len(counts) == int(counts.sum()))
 
 
 TrajBatchMeta = BatchMeta

@@ -412,6 +412,8 @@ def rollout_references(outcome: OutcomeResult, task_rewards: Tensor, meta: Batch
             f"must return OutcomeResult.normalization_rewards (one value per logical "
             f"rollout, before bias/scaling/clip)")
     dtype = torch.promote_types(rewards.dtype, torch.float32)
+    if index.one_row_each and not index.any_explicit:
+        return rewards.to(dtype), member  # each row is its own reference: nothing to compare
     references = rewards[starts].to(dtype)
     if index.any_explicit:
         references = torch.where(supplied, index.explicit_rewards.to(dtype), references)
