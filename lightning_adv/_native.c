@@ -26,7 +26,7 @@ back into Python: ctypes releases the GIL around each call. */
 
 /* Bumped whenever a signature or a meaning below changes: native.py refuses a library
    built from another version (an editable install whose C file changed since the build). */
-#define LA_ABI_VERSION 1
+#define LA_ABI_VERSION 2
 
 enum { MASK_U8 = 0, MASK_I32 = 1, MASK_I64 = 2, MASK_F32 = 3, MASK_F64 = 4 };
 
@@ -145,39 +145,30 @@ INLINE void gae_row_f64(int64_t T, const double *restrict r, const double *restr
     }
 }
 
-/* compute_token_gae on float32 [B, T] rewards and values: coef is gamma*lambda (already
-   rounded as the torch kernel rounds it), or row_coef[b] per row when row_coef is not
-   NULL. Returns 0, -1 when a row buffer cannot be allocated, or 1 + the first row whose
-   mask holds something other than 0 and 1. */
-HOT EXPORT int64_t la_token_gae_f32(int64_t B, int64_t T, const float *rewards,
-                                    const float *values, const void *mask, int mask_kind,
-                                    const float *bootstrap, double discount, double coef,
-                                    const double *row_coef, float *adv, float *ret) {
+/* compute_token_gae on [B, T] rewards and values, both float32 or both float64 (f64 set;
+   the outputs in that dtype too): coef is gamma*lambda (already rounded as the torch
+   kernel rounds it), or row_coef[b] per row when row_coef is not NULL. Returns 0, -1 when
+   a row buffer cannot be allocated, or 1 + the first row whose mask holds something
+   other than 0 and 1. */
+HOT EXPORT int64_t la_token_gae(int64_t B, int64_t T, int f64, const void *rewards,
+                                const void *values, const void *mask, int mask_kind,
+                                const void *bootstrap, double discount, double coef,
+                                const double *row_coef, void *adv, void *ret) {
     if (T < 1) return 0;
-    float *m = (float *)malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
-    if (m == NULL) return -1;
-    const float g = (float)discount;
-    for (int64_t b = 0; b < B; ++b) {
-        if (mask_row(mask, mask_kind, b * T, T, m)) { free(m); return 1 + b; }
-        gae_row_f32(T, rewards + b * T, values + b * T, m, bootstrap[b], g,
-                    row_coef != NULL ? row_coef[b] : coef, adv + b * T, ret + b * T);
-    }
-    free(m);
-    return 0;
-}
-
-/* The same on float64 rewards and values (float64 outputs). */
-HOT EXPORT int64_t la_token_gae_f64(int64_t B, int64_t T, const double *rewards,
-                                    const double *values, const void *mask, int mask_kind,
-                                    const double *bootstrap, double discount, double coef,
-                                    const double *row_coef, double *adv, double *ret) {
-    if (T < 1) return 0;
-    float *m = (float *)malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+    float *m = (float *)malloc(sizeof(float) * (size_t)T);
     if (m == NULL) return -1;
     for (int64_t b = 0; b < B; ++b) {
         if (mask_row(mask, mask_kind, b * T, T, m)) { free(m); return 1 + b; }
-        gae_row_f64(T, rewards + b * T, values + b * T, m, bootstrap[b], discount,
-                    row_coef != NULL ? row_coef[b] : coef, adv + b * T, ret + b * T);
+        const double c = row_coef != NULL ? row_coef[b] : coef;
+        const int64_t row = b * T;
+        if (f64)
+            gae_row_f64(T, (const double *)rewards + row, (const double *)values + row, m,
+                        ((const double *)bootstrap)[b], discount, c, (double *)adv + row,
+                        (double *)ret + row);
+        else
+            gae_row_f32(T, (const float *)rewards + row, (const float *)values + row, m,
+                        ((const float *)bootstrap)[b], (float)discount, c, (float *)adv + row,
+                        (float *)ret + row);
     }
     free(m);
     return 0;

@@ -32,7 +32,7 @@ from torch import Tensor
 
 #: Must equal ``LA_ABI_VERSION`` in ``_native.c``: a library built from another version of
 #: the C file (an editable install not rebuilt since it changed) is not used.
-ABI_VERSION = 1
+ABI_VERSION = 2
 #: Mask dtypes the loops read directly (``MASK_*`` in ``_native.c``); others go through
 #: torch.
 MASK_KINDS = {torch.bool: 0, torch.uint8: 0, torch.int32: 1, torch.int64: 2,
@@ -49,8 +49,7 @@ _F64 = ctypes.c_double
 
 _SIGNATURES = {
     "la_abi_version": ([], _I64),
-    "la_token_gae_f32": ([_I64, _I64, _P, _P, _P, _INT, _P, _F64, _F64, _P, _P, _P], _I64),
-    "la_token_gae_f64": ([_I64, _I64, _P, _P, _P, _INT, _P, _F64, _F64, _P, _P, _P], _I64),
+    "la_token_gae": ([_I64, _I64, _INT, _P, _P, _P, _INT, _P, _F64, _F64, _P, _P, _P], _I64),
     "la_token_pipeline": ([_I64, _I64, _P, _INT, _P, _INT, _P, _P, _P, _P, _P, _INT, _F64,
                            _F64, _F64, _INT, _F64] + [_P] * 12, _I64),
     "la_masked_moments": ([_I64, _I64, _P, _P, _P, _P], None),
@@ -127,12 +126,12 @@ def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap: Ten
     bs, width = rewards.shape
     adv = torch.empty((bs, width), dtype=rewards.dtype)
     ret = torch.empty((bs, width), dtype=rewards.dtype)
-    fn = _LIB.la_token_gae_f32 if rewards.dtype == torch.float32 else _LIB.la_token_gae_f64
     row_coef = coef if isinstance(coef, Tensor) else None
-    status = fn(bs, width, rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
-                MASK_KINDS[loss_mask.dtype], bootstrap.data_ptr(), discount,
-                0.0 if row_coef is not None else coef, _ptr(row_coef), adv.data_ptr(),
-                ret.data_ptr())
+    status = _LIB.la_token_gae(bs, width, int(rewards.dtype == torch.float64),
+                               rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
+                               MASK_KINDS[loss_mask.dtype], bootstrap.data_ptr(), discount,
+                               0.0 if row_coef is not None else coef, _ptr(row_coef),
+                               adv.data_ptr(), ret.data_ptr())
     if status < 0:
         raise MemoryError(f"lightning_adv native token GAE: no memory for a row of {width}")
     return adv, ret, int(status)
