@@ -9,8 +9,16 @@ Conventions shared by both kernels:
 * ``gae_lambda`` is a float or a [B] tensor (per-row lambda).
 * Outputs have the inputs' floating dtype (at least float32), as the reference loops.
 
-How they run without a Python loop over tokens or turns
--------------------------------------------------------
+Where they run
+--------------
+On the CPU, :func:`compute_token_gae` hands float32/float64 inputs to the C loop of
+:mod:`lightning_adv.native` (one pass per row, the recurrence below carried in float64,
+the mask checked as it is read). Everything else (CUDA, other dtypes, the turn kernel,
+an install without the compiled library) runs the whole-tensor torch operations below;
+both paths are tested against the loops of :mod:`lightning_adv.loops`.
+
+How the torch kernels run without a Python loop over tokens or turns
+--------------------------------------------------------------------
 Both kernels solve one masked linear recurrence over a step axis (token positions, or
 turn slots), from the last step to the first::
 
