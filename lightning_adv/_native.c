@@ -26,7 +26,7 @@ back into Python: ctypes releases the GIL around each call. */
 
 /* Bumped whenever a signature or a meaning below changes: native.py refuses a library
    built from another version (an editable install whose C file changed since the build). */
-#define LA_ABI_VERSION 2
+#define LA_ABI_VERSION 3
 
 enum { MASK_U8 = 0, MASK_I32 = 1, MASK_I64 = 2, MASK_F32 = 3, MASK_F64 = 4 };
 
@@ -172,6 +172,113 @@ HOT EXPORT int64_t la_token_gae(int64_t B, int64_t T, int f64, const void *rewar
     }
     free(m);
     return 0;
+}
+
+/* One row of turn ids as int64 (int32 or int64 input). */
+INLINE int64_t turn_id(const void *ids, int ids_i64, int64_t i) {
+    return ids_i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+}
+
+/* The turns of one row: first active position and reward sum (float64) of each, in order.
+   Returns the number of turns, or -1 when an id at an active position is negative, >= T
+   or smaller than the one before (kernels.validate_turn_ids names which). */
+INLINE int64_t row_turns(int64_t T, const void *ids, int ids_i64, int64_t offset,
+                         const float *restrict m, const float *restrict r32,
+                         const double *restrict r64, int64_t *restrict first,
+                         double *restrict reward) {
+    int64_t n = 0, previous = -1;
+    for (int64_t t = 0; t < T; ++t) {
+        if (m[t] == 0.0f) continue;
+        const int64_t id = turn_id(ids, ids_i64, offset + t);
+        if (id < 0 || id >= T || id < previous) return -1;
+        if (n == 0 || id != previous) {
+            first[n] = t;
+            reward[n] = 0.0;
+            ++n;
+            previous = id;
+        }
+        reward[n - 1] += r64 != NULL ? r64[t] : (double)r32[t];
+    }
+    return n;
+}
+
+/* compute_turn_gae on [B, T] rewards and values, both float32 or both float64 (f64), turn
+   ids int32 or int64 (ids_i64): a turn's reward is the sum of its active positions'
+   rewards, its value the value at its first active position; GAE runs over each row's
+   turns (the last bootstraps), every active position gets its turn's advantage and
+   advantage + value as return, inactive positions 0 and their value. coef and row_coef
+   as la_token_gae. Returns 0, -1 when the row buffers cannot be allocated, 1 + the first
+   row whose mask holds something other than 0 and 1, or -2 - the first row whose turn
+   ids break a rule. */
+HOT EXPORT int64_t la_turn_gae(int64_t B, int64_t T, int f64, const void *rewards,
+                               const void *values, const void *mask, int mask_kind,
+                               const void *turn_ids, int ids_i64, const void *bootstrap,
+                               double discount, double coef, const double *row_coef,
+                               void *adv, void *ret) {
+    if (T < 1) return 0;
+    float *m = (float *)malloc(sizeof(float) * (size_t)T);
+    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)T);
+    double *reward = (double *)malloc(sizeof(double) * (size_t)T);
+    double *turn_adv = (double *)malloc(sizeof(double) * (size_t)T);
+    int64_t status = 0;
+    if (m == NULL || first == NULL || reward == NULL || turn_adv == NULL) status = -1;
+    for (int64_t b = 0; b < B && status == 0; ++b) {
+        const int64_t row = b * T;
+        if (mask_row(mask, mask_kind, row, T, m)) { status = 1 + b; break; }
+        const double c = row_coef != NULL ? row_coef[b] : coef;
+        const float *r32 = f64 ? NULL : (const float *)rewards + row;
+        const double *r64 = f64 ? (const double *)rewards + row : NULL;
+        const int64_t n = row_turns(T, turn_ids, ids_i64, row, m, r32, r64, first, reward);
+        if (n < 0) { status = -2 - b; break; }
+        /* The recurrence over turns, last first, in the inputs' precision for delta (the
+           order of kernels._masked_gae) and float64 for the advantage; turn_adv holds each
+           turn's advantage already rounded to the output dtype. */
+        double a = 0.0;
+        if (f64) {
+            const double *v = (const double *)values + row;
+            double next_value = ((const double *)bootstrap)[b];
+            for (int64_t k = n - 1; k >= 0; --k) {
+                const double value = v[first[k]];
+                const double delta = (reward[k] + discount * next_value) - value;
+                a = delta + c * a;
+                turn_adv[k] = a;
+                next_value = value;
+            }
+        } else {
+            const float *v = (const float *)values + row;
+            const float g = (float)discount;
+            float next_value = ((const float *)bootstrap)[b];
+            for (int64_t k = n - 1; k >= 0; --k) {
+                const float value = v[first[k]];
+                const float delta = ((float)reward[k] + g * next_value) - value;
+                a = (double)delta + c * a;
+                turn_adv[k] = (double)(float)a;
+                next_value = value;
+            }
+        }
+        /* Back to positions: turn k runs from first[k] to the next turn's first position. */
+        int64_t k = -1;
+        for (int64_t t = 0; t < T; ++t) {
+            if (k + 1 < n && t == first[k + 1]) ++k;
+            const int active = m[t] != 0.0f;
+            if (f64) {
+                const double *v = (const double *)values + row;
+                double *o = (double *)adv + row, *rt = (double *)ret + row;
+                o[t] = active ? turn_adv[k] : 0.0;
+                rt[t] = active ? turn_adv[k] + v[first[k]] : v[t];
+            } else {
+                const float *v = (const float *)values + row;
+                float *o = (float *)adv + row, *rt = (float *)ret + row;
+                o[t] = active ? (float)turn_adv[k] : 0.0f;
+                rt[t] = active ? (float)turn_adv[k] + v[first[k]] : v[t];
+            }
+        }
+    }
+    free(m);
+    free(first);
+    free(reward);
+    free(turn_adv);
+    return status;
 }
 
 /* ------------------------------------------------------------------ the fused pass */

@@ -11,11 +11,11 @@ Conventions shared by both kernels:
 
 Where they run
 --------------
-On the CPU, :func:`compute_token_gae` hands float32/float64 inputs to the C loop of
+On the CPU, both kernels hand float32/float64 inputs to the C loops of
 :mod:`lightning_adv.native` (one pass per row, the recurrence below carried in float64,
-the mask checked as it is read). Everything else (CUDA, other dtypes, the turn kernel,
-an install without the compiled library) runs the whole-tensor torch operations below;
-both paths are tested against the loops of :mod:`lightning_adv.loops`.
+the mask and turn ids checked as they are read). Everything else (CUDA, other dtypes, an
+install without the compiled library) runs the whole-tensor torch operations below; both
+paths are tested against the loops of :mod:`lightning_adv.loops`.
 
 How the torch kernels run without a Python loop over tokens or turns
 --------------------------------------------------------------------
@@ -341,11 +341,31 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
     bs, width = check_kernel_inputs("compute_turn_gae",
                                     {"rewards": rewards, "values": values, "loss_mask": loss_mask},
                                     bootstrap_values, gae_lambda)
-    check_kernel_arguments("compute_turn_gae", loss_mask, discount, gae_lambda)
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    loop = (loss_mask.dtype in native.MASK_KINDS and rewards.numel() > 0
+            and isinstance(turn_ids, Tensor) and turn_ids.dtype in native.TURN_ID_KINDS
+            and tuple(turn_ids.shape) == (bs, width)
+            and native.runs_on(rewards, values, loss_mask, bootstrap_values, turn_ids))
+    # The loop checks the mask and the turn ids as it reads them.
+    check_kernel_arguments("compute_turn_gae", loss_mask, discount, gae_lambda,
+                           check_mask=not loop)
+    rewards, values = rewards.to(dtype), values.to(dtype)
+    if loop:
+        coef = _coefficient(discount, gae_lambda, dtype)
+        adv, returns, bad_mask_row, bad_ids_row = native.turn_gae(
+            rewards.contiguous(), values.contiguous(), loss_mask.contiguous(),
+            turn_ids.contiguous(), bootstrap_values.to(dtype).contiguous(), float(discount),
+            coef.contiguous() if isinstance(coef, Tensor) else coef)
+        if bad_mask_row:
+            raise_mask_values("compute_turn_gae", loss_mask)
+        if bad_ids_row:  # the torch validation names the rule and the rows
+            validate_turn_ids(loss_mask.bool(), turn_ids, "compute_turn_gae")
+            raise TurnIdError("compute_turn_gae", f"turn_ids at active loss tokens must be "
+                              f"non-negative, below the sequence length {width} and "
+                              f"non-decreasing (row {bad_ids_row - 1})")
+        return adv, returns
     with _kernel_name("compute_turn_gae"):
         slot, first, last = _turn_slots(loss_mask, turn_ids)
-    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
-    rewards, values = rewards.to(dtype), values.to(dtype)
     mask = loss_mask.to(dtype)
     # Turn rewards as differences of one float64 running sum, between each turn's first and
     # last active token (a scatter_add of [B, T] into a handful of slots measured several

@@ -1,6 +1,6 @@
 """The CPU loops of ``lightning_adv/_native.c``, loaded with ctypes.
 
-Why a C loop: GAE is a recurrence along each row. As whole-tensor torch operations it
+Why a C loop: GAE (per token or per turn) is a recurrence along each row. As whole-tensor torch operations it
 takes a dozen int64/float64 passes over ``[B, T]`` (running counts, a scatter and a
 gather for the next values, rescaled cumulative sums, flips); as a loop it is one pass,
 and the checks and alignment of the advantage pipeline ride in the same pass while the
@@ -32,7 +32,7 @@ from torch import Tensor
 
 #: Must equal ``LA_ABI_VERSION`` in ``_native.c``: a library built from another version of
 #: the C file (an editable install not rebuilt since it changed) is not used.
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Mask dtypes the loops read directly (``MASK_*`` in ``_native.c``); others go through
 #: torch.
 MASK_KINDS = {torch.bool: 0, torch.uint8: 0, torch.int32: 1, torch.int64: 2,
@@ -50,6 +50,8 @@ _F64 = ctypes.c_double
 _SIGNATURES = {
     "la_abi_version": ([], _I64),
     "la_token_gae": ([_I64, _I64, _INT, _P, _P, _P, _INT, _P, _F64, _F64, _P, _P, _P], _I64),
+    "la_turn_gae": ([_I64, _I64, _INT, _P, _P, _P, _INT, _P, _INT, _P, _F64, _F64, _P, _P, _P],
+                    _I64),
     "la_token_pipeline": ([_I64, _I64, _P, _INT, _P, _INT, _P, _P, _P, _P, _P, _INT, _F64,
                            _F64, _F64, _INT, _F64] + [_P] * 12, _I64),
     "la_masked_moments": ([_I64, _I64, _P, _P, _P, _P], None),
@@ -135,6 +137,34 @@ def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap: Ten
     if status < 0:
         raise MemoryError(f"lightning_adv native token GAE: no memory for a row of {width}")
     return adv, ret, int(status)
+
+
+#: Turn-id dtypes the turn loop reads.
+TURN_ID_KINDS = {torch.int32: 0, torch.int64: 1}
+
+
+def turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tensor,
+             bootstrap: Tensor, discount: float,
+             coef: Union[float, Tensor]) -> tuple[Tensor, Tensor, int, int]:
+    """The loop of :func:`lightning_adv.kernels.compute_turn_gae`: arguments as
+    :func:`token_gae`, plus int32/int64 ``turn_ids``. Returns ``(advantages, returns,
+    bad_mask_row, bad_ids_row)``, each ``bad_*`` 1 + the first offending row or 0 (the
+    outputs are then incomplete)."""
+    bs, width = rewards.shape
+    adv = torch.empty((bs, width), dtype=rewards.dtype)
+    ret = torch.empty((bs, width), dtype=rewards.dtype)
+    row_coef = coef if isinstance(coef, Tensor) else None
+    status = _LIB.la_turn_gae(bs, width, int(rewards.dtype == torch.float64),
+                              rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
+                              MASK_KINDS[loss_mask.dtype], turn_ids.data_ptr(),
+                              TURN_ID_KINDS[turn_ids.dtype], bootstrap.data_ptr(), discount,
+                              0.0 if row_coef is not None else coef, _ptr(row_coef),
+                              adv.data_ptr(), ret.data_ptr())
+    if status == -1:
+        raise MemoryError(f"lightning_adv native turn GAE: no memory for a row of {width}")
+    if status <= -2:
+        return adv, ret, 0, int(-1 - status)
+    return adv, ret, int(status), 0
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from lightning_adv import compute_token_gae, native
+from lightning_adv import compute_token_gae, compute_turn_gae, native
 
 
 def test_library_loads_and_matches_this_package():
@@ -79,3 +79,35 @@ def test_the_kernel_loop_refuses_masks_other_than_0_and_1(bad):
     with pytest.raises(ValueError, match=r"compute_token_gae: loss_mask must hold only 0 and 1"):
         compute_token_gae(torch.zeros(2, 5), torch.zeros(2, 5), mask,
                           bootstrap_values=torch.zeros(2), discount=1.0, gae_lambda=1.0)
+
+
+def test_which_tensors_the_turn_loop_takes(monkeypatch):
+    """int32/int64 turn ids on the CPU; other id dtypes go through torch (float ids are
+    refused there), with the same numbers and errors."""
+    calls = []
+    loop = native.turn_gae
+    monkeypatch.setattr(native, "turn_gae", lambda *a: calls.append(1) or loop(*a))
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1, 0], [0, 0, 1, 1, 1, 0, 0]])
+    ids = torch.tensor([[-1, 0, 0, -1, 2, 3, -1], [-1, -1, 5, 5, 5, -1, -1]])
+    gen = torch.Generator().manual_seed(1)
+    rewards, values = torch.randn(2, 7, generator=gen), torch.randn(2, 7, generator=gen)
+
+    def run(i):
+        return compute_turn_gae(rewards, values, mask, i, bootstrap_values=torch.zeros(2),
+                                discount=0.9, gae_lambda=0.8)
+
+    for i, taken in ((ids, True), (ids.int(), True), (ids.to(torch.int16), False)):
+        calls.clear()
+        got = run(i)
+        assert calls == ([1] if taken else [])
+        with native.disabled():
+            want = run(i)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    decreasing = ids.clone()
+    decreasing[0, 5] = 1
+    for path in (native.disabled, lambda: __import__("contextlib").nullcontext()):
+        with path(), pytest.raises(ValueError, match=r"compute_turn_gae: turn_ids at active "
+                                                      r"loss tokens must be non-decreasing "
+                                                      r"along each row \(rows \[0\]\)"):
+            run(decreasing)
