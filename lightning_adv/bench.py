@@ -225,6 +225,7 @@ def bench_size(bs: int, width: int, device: torch.device, repeats: int,
             Case("turn_fast", turn(compute_turn_gae, 0.95)),
             Case("token_torch_1", _torch_path(token(compute_token_gae, 1.0))),
             Case("token_torch_095", _torch_path(token(compute_token_gae, 0.95))),
+            Case("turn_torch", _torch_path(turn(compute_turn_gae, 0.95))),
         ]
         for name, config in configs.items():
             module = AdvantageModule(config)
@@ -381,6 +382,7 @@ KERNEL_COLUMNS = [
     ("turn_row_loop", "turn per-row loop"),
     ("turn_slot_loop", "turn slot loop"),
     ("turn_fast", "turn fast"),
+    ("turn_torch", "turn torch"),
 ]
 
 
@@ -414,8 +416,9 @@ def report(results: dict[tuple[str, int, int], dict[Optional[int], dict[str, Cas
 
 
 def _time_table(results, sizes, count) -> list[str]:
-    lines = ["Median wall time per call (repeats of the slow loops in brackets); "
-             "\"reused\": the kernel's temporaries kept from call to call.\n"]
+    lines = ["Median wall time per call (repeats of the slow loops in brackets); \"fast\": "
+             "the kernels as called (the C loops on the CPU), \"torch\": the torch kernels "
+             "(as on CUDA, or without the native library), temporaries reused.\n"]
     rows = []
     for key in sizes:
         cases = results[key][count]
@@ -448,12 +451,13 @@ def _kernel_ratio_table(results, sizes, count, loop_count) -> list[str]:
                      _fmt_ratio(m["token_torch_095"] / m["token_fast_095"]),
                      _fmt_ratio(loops["turn_row_loop"] / m["turn_fast"],
                                 TARGETS["turn_vs_row_loop"]),
-                     _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"])])
+                     _fmt_ratio(loops["turn_slot_loop"] / m["turn_fast"]),
+                     _fmt_ratio(m["turn_torch"] / m["turn_fast"])])
     lines += _table(["B×T", "token loop ÷ fast, γλ=0.95 (≥20×)",
                      "fast ÷ clone, γλ=1 (≤8×)", "fast ÷ clone, γλ=0.95 (≤8×)",
                      "torch ÷ clone, γλ=1", "torch ÷ clone, γλ=0.95",
                      "torch ÷ fast, γλ=0.95", "turn per-row loop ÷ fast (≥5×)",
-                     "turn slot loop ÷ fast"], rows)
+                     "turn slot loop ÷ fast", "turn torch ÷ fast"], rows)
     return lines + [""]
 
 
