@@ -121,7 +121,7 @@ def align_and_estimate(batch: Mapping[str, Any], facts: BatchFacts, scores: Tens
     logprobs = batch["logprobs"].contiguous()
     ref = batch["ref_logp"].contiguous() if present(batch, "ref_logp") else None
     values = batch["values"].contiguous() if present(batch, "values") \
-        else torch.zeros((bs, width))
+        else torch.zeros((bs, width), dtype=torch.float32, device=native.CPU)
     explicit = facts.is_truncated
     outputs = native.token_pipeline(
         att, loss, logprobs, ref, values, scores.float().contiguous(),
@@ -133,7 +133,8 @@ def align_and_estimate(batch: Mapping[str, Any], facts: BatchFacts, scores: Tens
     facts = replace(facts, seqlens=outputs.seqlens, is_truncated=outputs.is_truncated,
                     aligned_loss_mask=outputs.mask, values_checked=True)
     report_dropped_outcomes(outputs.dropped, config, stacklevel=4)
-    kl = outputs.kl if outputs.kl is not None else torch.zeros((bs, width))
+    kl = outputs.kl if outputs.kl is not None else torch.zeros(
+        (bs, width), dtype=torch.float32, device=native.CPU)
     aligned = AlignedBatch(
         loss_mask=outputs.mask, turn_ids=None, old_logp=outputs.old_logp, ref_logp=outputs.ref_logp,
         prox_logp=None if config.use_decoupled_loss else outputs.old_logp,

@@ -38,6 +38,8 @@ ABI_VERSION = 3
 MASK_KINDS = {torch.bool: 0, torch.uint8: 0, torch.int32: 1, torch.int64: 2,
               torch.float32: 3, torch.float64: 4}
 KL_ESTIMATORS = {None: 0, "k1": 1, "k2": 2, "k3": 3}
+#: Where every tensor the loops write is allocated (whatever torch's default device is).
+CPU = torch.device("cpu")
 #: The checks the fused pass reports, in the order of ``checks`` (``CHECK_*``).
 CHECKS = ("masks", "logprobs_not_finite", "logprobs_above", "values_not_finite",
           "ref_logp_not_finite", "ref_logp_above")
@@ -126,8 +128,8 @@ def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap: Ten
     ``(advantages, returns, bad_row)``: ``bad_row`` is 1 + the first row whose mask holds
     something other than 0 and 1 (the outputs are then incomplete), else 0."""
     bs, width = rewards.shape
-    adv = torch.empty((bs, width), dtype=rewards.dtype)
-    ret = torch.empty((bs, width), dtype=rewards.dtype)
+    adv = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
+    ret = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
     row_coef = coef if isinstance(coef, Tensor) else None
     status = _LIB.la_token_gae(bs, width, int(rewards.dtype == torch.float64),
                                rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
@@ -151,8 +153,8 @@ def turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tenso
     bad_mask_row, bad_ids_row)``, each ``bad_*`` 1 + the first offending row or 0 (the
     outputs are then incomplete)."""
     bs, width = rewards.shape
-    adv = torch.empty((bs, width), dtype=rewards.dtype)
-    ret = torch.empty((bs, width), dtype=rewards.dtype)
+    adv = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
+    ret = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
     row_coef = coef if isinstance(coef, Tensor) else None
     status = _LIB.la_turn_gae(bs, width, int(rewards.dtype == torch.float64),
                               rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
@@ -202,16 +204,16 @@ def token_pipeline(attention: Tensor, loss: Tensor, logprobs: Tensor, ref_logp: 
     bs, width = attention.shape
 
     def new() -> Tensor:
-        return torch.empty((bs, width), dtype=torch.float32)
+        return torch.empty((bs, width), dtype=torch.float32, device=CPU)
 
     mask, old, total, adv, ret = new(), new(), new(), new(), new()
     ref = new() if ref_logp is not None else None
     kl = new() if kl_estimator is not None else None
-    seqlens = torch.empty(bs, dtype=torch.int64)
-    is_truncated = torch.empty(bs, dtype=torch.bool)
-    dropped = torch.empty(bs, dtype=torch.bool)
-    bootstrap = torch.empty(bs, dtype=torch.float32)
-    checks = torch.empty(len(CHECKS), dtype=torch.float64)
+    seqlens = torch.empty(bs, dtype=torch.int64, device=CPU)
+    is_truncated = torch.empty(bs, dtype=torch.bool, device=CPU)
+    dropped = torch.empty(bs, dtype=torch.bool, device=CPU)
+    bootstrap = torch.empty(bs, dtype=torch.float32, device=CPU)
+    checks = torch.empty(len(CHECKS), dtype=torch.float64, device=CPU)
     status = _LIB.la_token_pipeline(
         bs, width, attention.data_ptr(), MASK_KINDS[attention.dtype], loss.data_ptr(),
         MASK_KINDS[loss.dtype], logprobs.data_ptr(), _ptr(ref_logp), values.data_ptr(),
@@ -231,7 +233,7 @@ def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, float]:
     and sum of squares of ``x - shift`` at the masked positions), and ``shift`` (the batch's
     first masked value). See :func:`lightning_adv.normalization._normalize_tokens_native`."""
     bs, width = x.shape
-    moments = torch.empty((bs, 3), dtype=torch.float64)
+    moments = torch.empty((bs, 3), dtype=torch.float64, device=CPU)
     shift = ctypes.c_double()
     _LIB.la_masked_moments(bs, width, x.data_ptr(), mask.data_ptr(), ctypes.addressof(shift),
                            moments.data_ptr())
@@ -242,7 +244,7 @@ def masked_affine(x: Tensor, mask: Tensor, shift: Tensor, scale: Tensor) -> Tens
     """``(x·mask - shift·mask) / scale`` with per-row float32 ``shift`` and ``scale``
     ([B]), as a new float32 tensor: the float32 operations of the torch normalization."""
     bs, width = x.shape
-    out = torch.empty((bs, width), dtype=torch.float32)
+    out = torch.empty((bs, width), dtype=torch.float32, device=CPU)
     _LIB.la_masked_affine(bs, width, x.data_ptr(), mask.data_ptr(), shift.data_ptr(),
                           scale.data_ptr(), out.data_ptr())
     return out

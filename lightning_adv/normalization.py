@@ -276,18 +276,18 @@ def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
     mean = shift + s1 / count if count else 0.0
     sq = max(s2 - s1 * s1 / count, 0.0) if count else 0.0   # (rounding could go below 0)
     if config.mean_level == "batch":
-        total_count, total = all_reduce_sum(torch.tensor([count, count * mean],
-                                                         dtype=torch.float64)).tolist()
+        total_count, total = all_reduce_sum(torch.tensor(
+            [count, count * mean], dtype=torch.float64, device=x.device)).tolist()
         if total_count == 0:  # (a global count: every rank returns here)
             return x.float()
         center_g = total / total_count          # every group's centre
-        center = torch.full((rows,), center_g, dtype=torch.float64)
+        center = torch.full((rows,), center_g, dtype=torch.float64, device=x.device)
     elif not bool(any_across_ranks(count > 0, x.device)):
         return x.float()
     if "group" in (config.mean_level, config.std_level):
         groups = _group_index(tuple(group_slices(rows, group_sizes, config.group_size)),
                               None if member_counts is None else tuple(member_counts), x.device)
-        per_group = torch.zeros(groups.n_groups, 3, dtype=torch.float64)
+        per_group = torch.zeros(groups.n_groups, 3, dtype=torch.float64, device=x.device)
         per_group.index_add_(0, groups.row_group, moments)
         n_g, s1_g, s2_g = per_group.unbind(1)
         mean_g = shift + s1_g / n_g.clamp_min(1.0)           # (0 counts: 0 sums, unused)
@@ -296,9 +296,9 @@ def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
         center_g = torch.where(n_g == 0, 0.0, mean_g)
         center = center_g[groups.row_group]
     elif config.mean_level is None:
-        center_g, center = 0.0, torch.zeros(rows, dtype=torch.float64)
+        center_g, center = 0.0, torch.zeros(rows, dtype=torch.float64, device=x.device)
     if config.std_level is None:
-        scale = torch.ones(rows, dtype=torch.float64)
+        scale = torch.ones(rows, dtype=torch.float64, device=x.device)
     elif config.std_level == "batch":
         # squared deviations from each position's centre: from the rank's (or group's)
         # mean, plus that mean's offset from the centre
@@ -306,10 +306,11 @@ def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
             local_sq = float((sq_g + n_g * (mean_g - center_g).square()).sum())
         else:
             local_sq = sq + count * (mean - center_g) ** 2
-        total_sq, total_count = all_reduce_sum(torch.tensor([local_sq, count],
-                                                            dtype=torch.float64))
+        total_sq, total_count = all_reduce_sum(torch.tensor(
+            [local_sq, count], dtype=torch.float64, device=x.device))
         std = float(_std(total_sq, total_count, config.std_unbiased))
-        scale = torch.full((rows,), std + config.eps, dtype=torch.float64)
+        scale = torch.full((rows,), std + config.eps, dtype=torch.float64,
+                               device=x.device)
     else:
         std = _std(sq_g + n_g * (mean_g - center_g).square(), n_g, config.std_unbiased)
         if config.std_unbiased:

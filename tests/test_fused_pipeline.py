@@ -163,3 +163,21 @@ def test_what_the_fused_pass_leaves_to_the_torch_steps():
     assert fused.takes({**x.batch, "is_truncated": torch.zeros(4, dtype=torch.bool)}, truncating)
     with native.disabled():
         assert not fused.takes(x.batch, plan)
+
+
+@pytest.mark.parametrize("config", [{}, {"kl_ctl": 0.0, "values": False}])
+def test_torch_defaults_do_not_reach_the_loops(config):
+    """The loops read and write float32 CPU memory whatever torch's default dtype is."""
+    x = realistic_inputs(4, 32, torch.device("cpu"))
+    batch = dict(x.batch)
+    if config.pop("values", True) is False:
+        del batch["values"]
+    module = AdvantageModule(config)
+    want = module(batch, x.meta)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = AdvantageModule(config)(batch, x.meta)
+    finally:
+        torch.set_default_dtype(previous)
+    assert_same(got, want)
