@@ -160,6 +160,29 @@ class Block(nn.Module):
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
+    def forward_packed(self, x: Tensor, keep: Tensor, shape: tuple[int, int],
+                       pick: Optional[Tensor] = None) -> Tensor:
+        """The block over the ``[N, d]`` hidden states of the positions ``keep`` (flat,
+        ascending indices into a ``[B, T]`` layout, a prefix of every row): the linear
+        layers, the norms and the MLP read those rows only; attention runs on the ``[B, T]``
+        layout with zeros at the other positions, which no kept query attends to (causal
+        attention, kept positions a prefix of their row). ``pick``: the indices into
+        ``keep`` whose outputs are wanted; the other rows stop before the projection (a
+        last block: their keys and values were all a later block would read). Each kept
+        row's output is :meth:`forward`'s at that position, to float rounding."""
+        b, t = shape
+        d = x.shape[1]
+        qkv = self.qkv(self.ln1(x))
+        padded = qkv.new_zeros(b * t, 3 * d).index_copy(0, keep, qkv)
+        q, k, v = padded.view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), is_causal=True)
+        attn = attn.transpose(1, 2).reshape(b * t, d)
+        if pick is not None:
+            x, keep = x.index_select(0, pick), keep.index_select(0, pick)
+        x = x + self.proj(attn.index_select(0, keep))
+        return x + self.mlp(self.ln2(x))
+
 
 class KVCache:
     """Keys and values of every position read so far, per layer, for a fixed set of rows.
@@ -232,6 +255,32 @@ class CausalTransformer(nn.Module):
         x = self.tok(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
         for block in self.blocks:
             x = block(x)
+        return self._heads(x)
+
+    def forward_selected(self, input_ids: Tensor, selected: Tensor
+                         ) -> tuple[Tensor, Optional[Tensor]]:
+        """Logits ``[N, V]`` and values ``[N]`` (or None) at the ``N`` positions ``selected``
+        marks (a ``[B, T]`` bool mask over the right-padded ``input_ids``; row-major order):
+        those :meth:`forward` gives there, to float rounding, computing only what they
+        depend on. Each row is cut after its last selected position (the later ones, the
+        padding among them, are read by no selected position); the blocks' linear layers
+        run on the remaining positions only, and the last block's projection, MLP and the
+        heads on the selected ones only. The trainer's update selects the loss mask's
+        positions: about a third of a padded minibatch's on the shipped configs."""
+        b, t = input_ids.shape
+        if t > self.max_seq_len:
+            raise ValueError(f"policy: sequence of {t} tokens exceeds policy.max_seq_len "
+                             f"({self.max_seq_len})")
+        columns = torch.arange(t, device=input_ids.device)
+        last = torch.where(selected, columns, -1).amax(1)  # -1: nothing selected in the row
+        width = max(int(last.max()), 0) + 1
+        keep = (columns[:width] <= last[:, None]).reshape(-1).nonzero().squeeze(1)
+        pick = selected[:, :width].reshape(-1).index_select(0, keep).nonzero().squeeze(1)
+        ids = input_ids[:, :width].reshape(-1).index_select(0, keep)
+        x = self.tok(ids) + self.pos(keep % width)
+        for i, block in enumerate(self.blocks):
+            x = block.forward_packed(x, keep, (b, width),
+                                     pick if i == len(self.blocks) - 1 else None)
         return self._heads(x)
 
     def forward_cached(self, buffer: Tensor, rows: Tensor, lengths: Tensor,
@@ -324,6 +373,30 @@ def entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
         return ent.view(b, t)
     logp = scaled_log_softmax(logits, temperature)
     return -(logp.exp() * logp).sum(-1)
+
+
+def picked_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """Over ``[N, V]`` logits: the log-prob of ``targets`` ``[N]``, with
+    :func:`next_token_logprobs`' arithmetic (one position per row)."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        return token_stats(logits, targets, temperature, with_entropy=False)[0]
+    return scaled_log_softmax(logits, temperature).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def picked_logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
+                                entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
+    """Over ``[N, V]`` logits: the log-prob of ``targets`` ``[N]`` and the entropy, each
+    ``[N]``, with :func:`logprobs_and_entropy`'s arithmetic (one position per row)."""
+    if logits.shape[-1] > SMALL_VOCAB:
+        picked, ent = token_stats(logits, targets, temperature, with_entropy=True)
+        assert ent is not None
+        return picked, ent if entropy_grad else ent.detach()
+    logp = scaled_log_softmax(logits, temperature)
+    picked = logp.gather(-1, targets[:, None]).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        source = logp if entropy_grad else logp.detach()
+        ent = -(source.exp() * source).sum(-1)
+    return picked, ent
 
 
 def logprobs_and_entropy(logits: Tensor, input_ids: Tensor, temperature: float = 1.0,

@@ -13,6 +13,11 @@ Rows never see each other (causal attention over right-padded rows), so the numb
 those of one pass over the whole batch, to float rounding (kernels may block a smaller
 matrix differently). Every rank has the same rows per step, hence the same number of
 passes, as FSDP's collective forward needs.
+
+The built-in policy computes only the positions a pass's results are read at
+(:meth:`~lightning_adv.trainer.policy.CausalTransformer.forward_selected`): every real
+token when the critic's values are asked for, else every token that has a next one
+(log-probs and ``sum_pi_squared`` score the next token); the other positions hold 0.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policy import next_token_logprobs
+from lightning_adv.trainer.policy import CausalTransformer, next_token_logprobs, picked_logprobs
 from lightning_adv.trainer.recipe_inputs import sum_pi_squared
 
 Model = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
@@ -56,7 +61,14 @@ def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengt
     for chunk in row_chunks(b, rows):
         width = int(lengths[chunk].max())
         part = ids[chunk, :width]
-        if run_policy:
+        if run_policy and isinstance(policy, CausalTransformer):
+            got = selected_passes(policy, part, lengths[chunk], temperature, values=values,
+                                  logprobs=logprobs, pi_squared=pi_squared)
+            for name, key in (("values", "values"), ("logprobs", "prox_logp"),
+                              ("sum_pi_squared", "sum_pi_squared")):
+                if name in got:
+                    put(key, chunk, got[name])
+        elif run_policy:
             logits, critic = policy(part)
             if values:
                 assert critic is not None, "values requested of a policy without a value head"
@@ -66,8 +78,37 @@ def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengt
             if pi_squared:
                 put("sum_pi_squared", chunk, sum_pi_squared(logits, temperature))
             del logits, critic  # before the reference pass allocates its own logits
-        if reference is not None:
+        if isinstance(reference, CausalTransformer):
+            put("ref_logp", chunk, selected_passes(reference, part, lengths[chunk], temperature,
+                                                   values=False, logprobs=True,
+                                                   pi_squared=False)["logprobs"])
+        elif reference is not None:
             ref_logits, _ = reference(part)
             put("ref_logp", chunk, next_token_logprobs(ref_logits, part, temperature))
             del ref_logits
+    return out
+
+
+def selected_passes(model: CausalTransformer, ids: Tensor, lengths: Tensor, temperature: float,
+                    *, values: bool, logprobs: bool, pi_squared: bool) -> dict[str, Tensor]:
+    """The built-in policy's ``values``, next-token ``logprobs`` and ``sum_pi_squared`` of
+    the right-padded rows ``ids`` (``[b, w]``, real lengths ``lengths``), each ``[b, w]``,
+    from one pass over the positions they are read at: the real tokens with ``values``,
+    else the tokens that have a next one (0 at the others)."""
+    columns = torch.arange(ids.shape[1], device=ids.device)
+    selected = columns[None] < (lengths if values else lengths - 1)[:, None]
+    logits, critic = model.forward_selected(ids, selected)
+
+    def spread(x: Tensor) -> Tensor:
+        return x.new_zeros(selected.shape).masked_scatter(selected, x)
+
+    out = {}
+    if values:
+        assert critic is not None, "values requested of a policy without a value head"
+        out["values"] = spread(critic)
+    if logprobs:  # (a row's last token has no next one: its target is padding, masked later)
+        targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))[selected]
+        out["logprobs"] = spread(picked_logprobs(logits, targets, temperature))
+    if pi_squared:
+        out["sum_pi_squared"] = spread(sum_pi_squared(logits[None], temperature)[0])
     return out
