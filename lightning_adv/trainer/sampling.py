@@ -10,7 +10,6 @@ batch, one ``concat_batch`` entry per prompt group, so the metadata is complete.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -68,11 +67,13 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
     device = next(policy.parameters()).device
     episodes = start_episodes(runtime, indices, n_samples)
     width = task.max_episode_len(max_new_tokens)
-    buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
-    for row, ep in enumerate(episodes):
-        buffer[row, : len(ep.tokens)] = torch.tensor(ep.tokens)
+    rows_of_tokens = [ep.tokens + [vocab.pad_id] * (width - len(ep.tokens)) for ep in episodes]
+    buffer = torch.tensor(rows_of_tokens, dtype=torch.long, device=device)
     reader = _CachedReader(policy, len(episodes), width) if kv_cache else None
     turn_tokens: list[list[int]] = [[] for _ in episodes]
+    # The samples of a prompt share its tokens: the cache reads each prompt once.
+    first = None if reader is None else reader.read_prompts(
+        buffer, torch.tensor([len(ep.tokens) for ep in episodes], device=device), n_samples)
 
     while True:
         rows = [i for i, ep in enumerate(episodes) if not ep.done]
@@ -82,6 +83,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         if reader is None:
             logits, _ = policy(buffer[rows, : int(lengths.max())])
             last = logits[torch.arange(len(rows), device=device), lengths - 1].float()
+        elif first is not None:  # (every episode is active before its first token)
+            last, first = first, None
         else:
             last = reader.read_active(buffer, rows, lengths)
         logp = finite_or_raise(scaled_log_softmax(last, temperature), "policy logits").cpu()
@@ -90,6 +93,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
         picked_ids = picked.tolist()
         buffer[rows, lengths] = picked.to(device)
+        replies: list[int] = []  # flat buffer positions and tokens of the replies
+        reply_tokens: list[int] = []
         for j, row in enumerate(rows):
             ep, token = episodes[row], picked_ids[j]
             ep.tokens.append(token)
@@ -99,8 +104,14 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             turn_tokens[row].append(token)
             if token != vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
                 continue
-            _end_turn(ep, turn_tokens[row], runtime, buffer[row])
+            start = len(ep.tokens)
+            _end_turn(ep, turn_tokens[row], runtime)
+            replies.extend(range(row * width + start, row * width + len(ep.tokens)))
+            reply_tokens.extend(ep.tokens[start:])
             turn_tokens[row] = []
+        if replies:
+            buffer.view(-1)[torch.tensor(replies, device=device)] = torch.tensor(
+                reply_tokens, device=device)
 
     if reader is not None and reader.values is not None:
         reader.finish(buffer, episodes)
@@ -131,6 +142,34 @@ class _CachedReader:
         self.values = (torch.zeros(rows, width + 1, device=self.cache.filled.device)
                        if policy.value_head is not None else None)
 
+    def read_prompts(self, buffer: Tensor, lengths: Tensor, group: int) -> Tensor:
+        """Read every row's first ``lengths`` tokens (its prompt); returns :meth:`read`'s
+        logits of all rows. Consecutive rows in groups of ``group`` that hold the same
+        prompt (a prompt's samples) are read once, as the group's first row, whose keys,
+        values and logits the others copy: each row's numbers are its own pass's (rows
+        never mix), with ``group`` times fewer rows through the model."""
+        rows = len(lengths)
+        everyone = torch.arange(rows, device=buffer.device)
+        if group < 2 or rows % group:
+            return self.read(buffer, everyone, lengths)
+        width = int(lengths.max())
+        grouped = buffer[:, :width].view(rows // group, group, width)
+        same = (grouped == grouped[:, :1]).all() and (
+            lengths.view(-1, group) == lengths.view(-1, group)[:, :1]).all()
+        if not same:
+            return self.read(buffer, everyone, lengths)
+        leaders = everyone[::group]
+        logits = self.read(buffer, leaders, lengths[leaders])
+        for layer in self.cache.layers:
+            for tensor in layer:  # [rows, ...]: each group's rows take its first row's
+                view = tensor.view(rows // group, group, *tensor.shape[1:])
+                view[:, 1:] = view[:, :1]
+        self.cache.filled.copy_(lengths)
+        if self.values is not None:
+            view = self.values.view(rows // group, group, -1)
+            view[:, 1:] = view[:, :1]
+        return logits.repeat_interleave(group, dim=0)
+
     def read_active(self, buffer: Tensor, rows: list[int], lengths: Tensor) -> Tensor:
         """:meth:`read` for the unfinished ``rows``. Every row is fed (finished ones read
         nothing, a padded query): the cache is then used in place, not gathered."""
@@ -154,15 +193,18 @@ class _CachedReader:
         rows = (lengths > self.cache.filled).nonzero().flatten()
         if len(rows):
             self.read(buffer, rows, lengths[rows])
-        for row, ep in enumerate(episodes):
-            ep.values = self.values[row, : len(ep.tokens)].tolist()
+        for ep, values in zip(episodes, self.values.tolist()):
+            ep.values = values[: len(ep.tokens)]
 
 
-def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor) -> None:
+def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> None:
+    """Close the episode's turn of ``tokens``; the environment's reply (if the episode
+    goes on) is appended to its tokens (the caller writes them into the token buffer)."""
     vocab, task = runtime.vocab, runtime.task
     eos = tokens[-1] == vocab.eos_id
     texts = tuple(vocab.token_text(t) for t in tokens)
-    ep.turns.append(Turn(text=vocab.decode(tokens), tokens=texts, eos=eos))
+    turn = Turn(text=vocab.decode(tokens), tokens=texts, eos=eos)
+    ep.turns.append(turn)
     if len(ep.turns) >= task.max_turns:
         ep.done = True
         return
@@ -170,13 +212,11 @@ def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor)
     if reply is None:
         ep.done = True
         return
-    ep.turns[-1] = dataclasses.replace(ep.turns[-1], reply=vocab.decode(reply))
-    start = len(ep.tokens)
+    ep.turns[-1] = Turn(text=turn.text, tokens=texts, eos=eos, reply=vocab.decode(reply))
     ep.tokens.extend(reply)
     ep.generated.extend([False] * len(reply))
     ep.logprobs.extend([0.0] * len(reply))
     ep.turn_ids.extend([-1] * len(reply))
-    row[start: start + len(reply)] = torch.tensor(reply)
 
 
 Scorer = tuple[str, Callable[..., Any], float, Mapping[str, Any]]
