@@ -5,7 +5,7 @@ the policy writes until ``<eos>`` or the per-turn token limit, then the task's
 environment answers (its tokens are not generated: loss mask 0, turn id -1), until the
 task ends the episode or ``max_turns`` is reached. Every random draw comes from the
 generator passed in. :func:`build_batch` turns the scored episodes into the rollout
-batch, one ``concat_batch`` entry per prompt group, so the metadata is complete.
+batch and its complete metadata (one prompt group per prompt).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.meta import BatchMeta, concat_batch
+from lightning_adv.meta import BatchMeta
 from lightning_adv.trainer.policy import scaled_log_softmax
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
@@ -277,34 +277,34 @@ def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> 
 
 def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
                 process_rewards: bool) -> tuple[dict[str, Any], BatchMeta]:
-    """The SPEC §1 rollout batch (without model outputs) and its complete metadata."""
-    trajs = []
-    for group in groups:
-        width = max(len(ep.tokens) for ep in group)
+    """The SPEC §1 rollout batch (without model outputs) and its complete metadata: what
+    :func:`~lightning_adv.meta.concat_batch` makes of one right-padded batch per prompt
+    group, built at once (one tensor per key)."""
+    episodes = [ep for group in groups for ep in group]
+    width = max(len(ep.tokens) for ep in episodes)
 
-        def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
-            return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+    def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
+        return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
-        traj = {
-            "input_ids": pad([ep.tokens for ep in group], torch.long),
-            "attention_mask": pad([[True] * len(ep.tokens) for ep in group], torch.bool, False),
-            "loss_mask": pad([[int(g) for g in ep.generated] for ep in group], torch.int32),
-            "logprobs": pad([ep.logprobs for ep in group], torch.float32, 0.0),
-            "rewards": torch.tensor([ep.reward for ep in group], dtype=torch.float32),
-            "is_truncated": torch.tensor([ep.truncated for ep in group], dtype=torch.bool),
-        }
-        if multi_turn:
-            traj["turn_ids"] = pad([ep.turn_ids for ep in group], torch.long, -1)
-        if process_rewards:
-            traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
-                                        torch.float32, 0.0)
-        if all(ep.values is not None for ep in group):
-            traj["values"] = pad([ep.values for ep in group], torch.float32, 0.0)
-        trajs.append(traj)
-    batch, meta = concat_batch(trajs)
-    if multi_turn:
-        # concat_batch pads every tensor with 0; off generated tokens turn ids are -1.
-        batch["turn_ids"] = batch["turn_ids"].masked_fill(~batch["loss_mask"].bool(), -1)
+    batch = {
+        "input_ids": pad([ep.tokens for ep in episodes], torch.long),
+        "attention_mask": pad([[True] * len(ep.tokens) for ep in episodes], torch.bool, False),
+        "loss_mask": pad([[int(g) for g in ep.generated] for ep in episodes], torch.int32),
+        "logprobs": pad([ep.logprobs for ep in episodes], torch.float32, 0.0),
+        "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        "is_truncated": torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+    }
+    if multi_turn:  # -1 off generated tokens
+        batch["turn_ids"] = pad([[t if g else -1 for t, g in zip(ep.turn_ids, ep.generated)]
+                                 for ep in episodes], torch.long, -1)
+    if process_rewards:
+        batch["token_rewards"] = pad([ep.token_rewards or [] for ep in episodes],
+                                     torch.float32, 0.0)
+    if all(ep.values is not None for ep in episodes):
+        batch["values"] = pad([ep.values for ep in episodes], torch.float32, 0.0)
+    meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
+                     traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
+                     rollout_groups=[None] * len(groups))
     return batch, meta
 
 

@@ -1,7 +1,9 @@
-"""The built-in policy's passes over selected positions only (``forward_selected``): the
-update's loss-mask positions and the scoring passes' read positions give the numbers of
-a full forward pass over the padded rows, to float rounding, and so do the loss, its
-gradient and whole training steps."""
+"""The trainer step's shortcuts give the plain computation's numbers: the built-in
+policy's passes over selected positions only (``forward_selected``: the update's
+loss-mask positions, the scoring passes' read positions) those of a full forward pass
+over the padded rows, to float rounding, and so do the loss, its gradient and whole
+training steps; the rollout batch built at once that of ``concat_batch`` over the prompt
+groups."""
 
 import warnings
 
@@ -10,13 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_adv import ActorConfig
+from lightning_adv import ActorConfig, concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer import ppo as ppo_module
 from lightning_adv.trainer.policy import (
     CausalTransformer, logprobs_and_entropy, next_token_logprobs)
 from lightning_adv.trainer.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.scoring import scoring_passes
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.data import generator
 
 
 def trained_looking_policy(n_layers=2, value_head=True, vocab=11, width=24):
@@ -192,3 +197,52 @@ def test_training_steps_equal_those_of_full_passes(monkeypatch, ppo):
     assert fast_metrics.keys() == plain_metrics.keys()
     for key, value in plain_metrics.items():
         assert fast_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def per_group_batch(groups, multi_turn, process_rewards):
+    """The rollout batch as concat_batch makes it of one padded batch per prompt group."""
+    trajs = []
+    for group in groups:
+        width = max(len(ep.tokens) for ep in group)
+
+        def pad(rows, dtype, fill=0):
+            return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+        traj = {"input_ids": pad([ep.tokens for ep in group], torch.long),
+                "attention_mask": pad([[True] * len(ep.tokens) for ep in group], torch.bool, False),
+                "loss_mask": pad([[int(g) for g in ep.generated] for ep in group], torch.int32),
+                "logprobs": pad([ep.logprobs for ep in group], torch.float32, 0.0),
+                "rewards": torch.tensor([ep.reward for ep in group], dtype=torch.float32),
+                "is_truncated": torch.tensor([ep.truncated for ep in group], dtype=torch.bool)}
+        if multi_turn:
+            traj["turn_ids"] = pad([ep.turn_ids for ep in group], torch.long, -1)
+        if process_rewards:
+            traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
+                                        torch.float32, 0.0)
+        if all(ep.values is not None for ep in group):
+            traj["values"] = pad([ep.values for ep in group], torch.float32, 0.0)
+        trajs.append(traj)
+    batch, meta = concat_batch(trajs)
+    if multi_turn:
+        batch["turn_ids"] = batch["turn_ids"].masked_fill(~batch["loss_mask"].bool(), -1)
+    return batch, meta
+
+
+@pytest.mark.parametrize("task", ["reverse", "guess"])
+def test_build_batch_equals_concat_batch_of_the_prompt_groups(task):
+    runtime = TaskRuntime(TaskConfig(name=task))
+    width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
+    policy = trained_looking_policy(vocab=len(runtime.vocab), width=width)
+    groups = generate(policy, runtime, [0, 5, 9, 2], 3, runtime.task.max_new_tokens, 1.0,
+                      generator(0, "t"))
+    score(groups, runtime)
+    for ep in groups[1]:  # process rewards of different lengths
+        ep.token_rewards = [0.5 * i for i in range(len(ep.tokens))]
+    multi_turn = task == "guess"
+    batch, meta = build_batch(groups, multi_turn=multi_turn, process_rewards=True)
+    want, want_meta = per_group_batch(groups, multi_turn, True)
+    assert meta == want_meta and batch.keys() == want.keys()
+    if task == "reverse":  # prompts of different lengths: groups of different widths
+        assert len(set(meta.traj_seqlens)) > 1
+    for key, tensor in want.items():
+        assert batch[key].dtype == tensor.dtype and torch.equal(batch[key], tensor), key
