@@ -127,3 +127,23 @@ def test_prompts_shared_by_a_group_of_samples_are_read_once():
     calls.clear()
     _CachedReader(policy, 12, 20).read_prompts(buffer, lengths, 3)
     assert calls == [12]
+
+
+def test_forward_cached_rows_that_read_nothing_beside_rows_that_read_several():
+    """Only the new tokens go through the linear layers: a row with nothing new (a
+    finished episode) beside rows reading one and several tokens changes nothing."""
+    policy = trained_looking_policy()
+    g = torch.Generator().manual_seed(3)
+    buffer = torch.randint(0, 11, (3, 20), generator=g)
+    full_logits, full_values = policy(buffer)
+    cache = KVCache(policy, 3, 20)
+    policy.forward_cached(buffer, torch.arange(3), torch.tensor([5, 5, 5]), cache)
+    logits, values, positions = policy.forward_cached(buffer, torch.arange(3),
+                                                      torch.tensor([5, 6, 9]), cache)
+    assert positions.tolist() == [[20] * 4, [5, 20, 20, 20], [5, 6, 7, 8]]
+    assert torch.allclose(logits[1, 0], full_logits[1, 5], atol=1e-5)
+    assert torch.allclose(logits[2], full_logits[2, 5:9], atol=1e-5)
+    assert torch.allclose(values[2], full_values[2, 5:9], atol=1e-5)
+    assert cache.filled.tolist() == [5, 6, 9]
+    logits, _, _ = policy.forward_cached(buffer, torch.arange(3), torch.tensor([6, 7, 10]), cache)
+    assert torch.allclose(logits[:, 0], full_logits[[0, 1, 2], [5, 6, 9]], atol=1e-5)

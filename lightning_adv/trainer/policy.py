@@ -134,30 +134,39 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor, cache: Optional[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = None
-                ) -> Tensor:
-        """``cache``: (keys, values, rows, positions, allowed) of :class:`KVCache`; the new
-        keys and values are written into it and the queries attend to the cached ones."""
+    def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
-        if cache is None:
-            attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                  v.transpose(1, 2), is_causal=True)
-        else:
-            # keys [B, H, dh, W+1] and values [B, H, W+1, dh]: the layouts the two matrix
-            # products read, so no step copies the cache (writes go through permuted views)
-            keys, values, rows, positions, allowed = cache
-            keys.permute(0, 3, 1, 2)[rows[:, None], positions] = k
-            values.permute(0, 2, 1, 3)[rows[:, None], positions] = v
-            if len(rows) < len(keys):  # a subset: gather its rows (a copy)
-                keys, values = keys[rows], values[rows]
-            # Written out: with a mask, SDPA's CPU path is several times slower here, and so
-            # is torch.softmax over a short last dimension (the same formula, by hand).
-            scores = (q.transpose(1, 2) @ keys).mul_(1 / math.sqrt(q.shape[-1]))
-            scores.masked_fill_(~allowed, float("-inf"))
-            weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-            attn = weights.div_(weights.sum(-1, keepdim=True)) @ values
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+    def forward_cached(self, x: Tensor, cache: tuple[Tensor, Tensor], slots: "_CacheSlots"
+                       ) -> Tensor:
+        """The block over the ``[N, d]`` hidden states of the new tokens ``slots`` places:
+        their keys and values are written into ``cache`` (the layer's keys
+        ``[B, H, dh, W+1]`` and values ``[B, H, W+1, dh]``: the layouts the two matrix
+        products read, so no step copies the cache; writes go through permuted views) and
+        their queries attend to the cached keys, on the ``[R, n]`` layout of the rows
+        read (zeros at the padding, whose results are dropped)."""
+        d = x.shape[1]
+        h, dh = self.n_heads, d // self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).view(-1, 3, h, dh).unbind(1)
+        keys, values = cache
+        keys.permute(0, 3, 1, 2)[slots.cache_rows, slots.positions] = k
+        values.permute(0, 2, 1, 3)[slots.cache_rows, slots.positions] = v
+        if len(slots.rows) < len(keys):  # a subset: gather its rows (a copy)
+            keys, values = keys[slots.rows], values[slots.rows]
+        r, n = slots.shape
+        queries = q.new_zeros(r * n, h, dh).index_copy_(0, slots.flat, q).view(r, n, h, dh)
+        # Written out: with a mask, SDPA's CPU path is several times slower here, and so
+        # is torch.softmax over a short last dimension (the same formula, by hand).
+        scores = (queries.transpose(1, 2) @ keys).mul_(1 / math.sqrt(dh))
+        scores.masked_fill_(~slots.allowed, float("-inf"))
+        weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        attn = weights.div_(weights.sum(-1, keepdim=True)) @ values
+        x = x + self.proj(attn.transpose(1, 2).reshape(r * n, d).index_select(0, slots.flat))
         return x + self.mlp(self.ln2(x))
 
     def forward_packed(self, x: Tensor, keep: Tensor, shape: tuple[int, int],
@@ -182,6 +191,21 @@ class Block(nn.Module):
             x, keep = x.index_select(0, pick), keep.index_select(0, pick)
         x = x + self.proj(attn.index_select(0, keep))
         return x + self.mlp(self.ln2(x))
+
+
+@dataclass
+class _CacheSlots:
+    """Where :meth:`CausalTransformer.forward_cached`'s new tokens go: ``rows`` read (of
+    the cache), each new token's cache row and position, its index ``flat`` in the
+    ``[R, n]`` (rows x most new tokens) layout of the queries, that ``shape``, and which
+    cached keys each query may attend to (``allowed``, ``[R, 1, n, W+1]``)."""
+
+    rows: Tensor
+    cache_rows: Tensor
+    positions: Tensor
+    flat: Tensor
+    shape: tuple[int, int]
+    allowed: Tensor
 
 
 class KVCache:
@@ -297,20 +321,30 @@ class CausalTransformer(nn.Module):
         count = lengths - start
         n = max(int(count.max()), 1)
         offsets = torch.arange(n, device=buffer.device)
-        positions = start[:, None] + offsets
         real = offsets[None, :] < count[:, None]
-        positions = torch.where(real, positions, cache.width)
-        ids = buffer[rows[:, None], positions.clamp(max=cache.width - 1)]
-        x = self.tok(ids) + self.pos(positions.clamp(max=self.max_seq_len - 1))
+        positions = torch.where(real, start[:, None] + offsets, cache.width)
+        # The linear layers read the new tokens only (not the padding of rows that read
+        # fewer, nor rows that read none); attention runs on the [R, n] layout.
+        flat = real.reshape(-1).nonzero().squeeze(1)
+        at = positions.reshape(-1).index_select(0, flat)
+        cache_rows = rows.index_select(0, flat // n)
         key_slots = torch.arange(cache.width + 1, device=buffer.device)
-        # A query sees the cached keys up to its own position; the spare slot stays unseen
-        # by real queries (padded queries see everything, and are discarded).
+        # A query sees the cached keys up to its own position; padded queries see
+        # everything, and are discarded.
         allowed = (key_slots[None, None, :] <= positions[:, :, None])[:, None]
-        for block, (keys, values) in zip(self.blocks, cache.layers):
-            x = block(x, (keys, values, rows, positions, allowed))
+        slots = _CacheSlots(rows, cache_rows, at, flat, (len(rows), n), allowed)
+        x = self.tok(buffer[cache_rows, at]) + self.pos(at)
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.forward_cached(x, layer, slots)
         cache.filled[rows] = lengths
-        logits, values = self._heads(x)
-        return logits, values, positions
+        new_logits, new_values = self._heads(x)
+
+        def padded(x: Tensor) -> Tensor:
+            out = x.new_zeros(len(rows) * n, *x.shape[1:]).index_copy_(0, flat, x)
+            return out.view(len(rows), n, *x.shape[1:])
+
+        return (padded(new_logits), None if new_values is None else padded(new_values),
+                positions)
 
     def _heads(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         x = self.ln_f(x)
