@@ -246,3 +246,35 @@ def test_build_batch_equals_concat_batch_of_the_prompt_groups(task):
         assert len(set(meta.traj_seqlens)) > 1
     for key, tensor in want.items():
         assert batch[key].dtype == tensor.dtype and torch.equal(batch[key], tensor), key
+
+
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_rollout_reads_the_last_tokens_values_only_when_they_are_used(bootstrap):
+    """The value after an episode's last token is zeroed in the batch unless
+    ppo.bootstrap_truncated: the rollout then skips the pass that reads it, and the batch
+    is the same as with it."""
+    module = PPOModule(task=TaskConfig(name="guess"), seed=0,
+                       ppo=PPOConfig(prompts_per_step=4, n_samples=3, bootstrap_truncated=bootstrap),
+                       policy=PolicyConfig(d_model=16, n_layers=2, n_heads=2))
+    with torch.no_grad():  # a critic that is not all zeros
+        module.policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(1))
+    reads = []
+    forward = module.policy.forward_cached
+
+    def counted(*args):
+        reads.append(len(args[1]))
+        return forward(*args)
+
+    module.policy.forward_cached = counted
+    groups = module.rollout([0, 1, 2, 3], generator(0, "r"))
+    trainer_reads = len(reads)
+    reads.clear()
+    full = generate(module.policy, module.runtime, [0, 1, 2, 3], 3, module.max_new_tokens, 1.0,
+                    generator(0, "r"), last_values=True)
+    score(full, module.runtime)
+    assert trainer_reads == len(reads) - (0 if bootstrap else 1)
+    values = module.make_batch(groups)[0]["values"]
+    want = module.make_batch(full)[0]["values"]
+    assert torch.equal(values, want)
+    last = [len(ep.tokens) - 1 for g in full for ep in g]
+    assert want[torch.arange(12), last].any() == bootstrap

@@ -579,8 +579,11 @@ class PPOModule(pl.LightningModule):
                                  SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p), gen,
                                  kv_cache=cfg.kv_cache)
         else:
+            # The value after an episode's last token is read only when it is used
+            # (make_batch sets it to 0 unless ppo.bootstrap_truncated)
             groups = generate(self.policy, self.runtime, indices, cfg.n_samples,
-                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache)
+                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache,
+                              last_values=cfg.bootstrap_truncated)
         self.policy.train()
         score(groups, self.runtime, self.scorers)
         return groups

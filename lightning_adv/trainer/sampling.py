@@ -54,14 +54,17 @@ class Episode:
 def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
              n_samples: int, max_new_tokens: int, temperature: float,
              gen: torch.Generator, kv_cache: bool = True,
-             greedy: bool = False) -> list[list[Episode]]:
+             greedy: bool = False, last_values: bool = True) -> list[list[Episode]]:
     """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
     ``greedy`` takes the most likely token at every step instead (``gen`` is not used).
 
     With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
     decoding); without it, each step re-reads every row's whole prefix. Both sample the
     same tokens from the same generator; with a value head, the cached path also keeps the
-    critic's values of every token, so scoring needs no second forward pass.
+    critic's values of every token, so scoring needs no second forward pass. The tokens
+    sampled last are read (one more pass) only for their values; with ``last_values``
+    false they are not, and the value after each episode's last token is 0 (the trainer
+    sets it to 0 unless ``ppo.bootstrap_truncated``).
     """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
@@ -114,7 +117,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
                 reply_tokens, device=device)
 
     if reader is not None and reader.values is not None:
-        reader.finish(buffer, episodes)
+        reader.finish(buffer, episodes, read_last=last_values)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
 
@@ -186,13 +189,14 @@ class _CachedReader:
         last = ((positions < self.cache.width).sum(1) - 1).clamp(min=0)  # last real new token
         return logits[torch.arange(len(rows), device=rows.device), last].float()
 
-    def finish(self, buffer: Tensor, episodes: list[Episode]) -> None:
-        """Read the tokens sampled last (never fed back) for their values, then store every
-        episode's values."""
-        lengths = torch.tensor([len(ep.tokens) for ep in episodes], device=buffer.device)
-        rows = (lengths > self.cache.filled).nonzero().flatten()
-        if len(rows):
-            self.read(buffer, rows, lengths[rows])
+    def finish(self, buffer: Tensor, episodes: list[Episode], read_last: bool = True) -> None:
+        """Read the tokens sampled last (never fed back) for their values (``read_last``;
+        else their values stay 0), then store every episode's values."""
+        if read_last:
+            lengths = torch.tensor([len(ep.tokens) for ep in episodes], device=buffer.device)
+            rows = (lengths > self.cache.filled).nonzero().flatten()
+            if len(rows):
+                self.read(buffer, rows, lengths[rows])
         for ep, values in zip(episodes, self.values.tolist()):
             ep.values = values[: len(ep.tokens)]
 
