@@ -179,18 +179,62 @@ class Block(nn.Module):
         ``keep`` whose outputs are wanted; the other rows stop before the projection (a
         last block: their keys and values were all a later block would read). Each kept
         row's output is :meth:`forward`'s at that position, to float rounding."""
-        b, t = shape
-        d = x.shape[1]
         qkv = self.qkv(self.ln1(x))
-        padded = qkv.new_zeros(b * t, 3 * d).index_copy(0, keep, qkv)
-        q, k, v = padded.view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                              v.transpose(1, 2), is_causal=True)
-        attn = attn.transpose(1, 2).reshape(b * t, d)
+        read = keep
         if pick is not None:
-            x, keep = x.index_select(0, pick), keep.index_select(0, pick)
-        x = x + self.proj(attn.index_select(0, keep))
+            x, read = x.index_select(0, pick), keep.index_select(0, pick)
+        x = x + self.proj(_PackedCausalAttention.apply(qkv, keep, read, shape, self.n_heads))
         return x + self.mlp(self.ln2(x))
+
+
+class _PackedCausalAttention(torch.autograd.Function):
+    """Causal self-attention of the packed ``[N, 3d]`` queries, keys and values of the
+    positions ``keep`` (flat indices into a right-padded ``[B, T]`` layout; zeros at the
+    other positions), returning the ``[len(read), d]`` outputs at the positions ``read``:
+    one autograd node, written out (scores, softmax, weighted values, by batched matrix
+    products over the ``B x heads`` attention matrices), with the softmax's backward by
+    hand. Over the dozen-token rows of the built-in tasks this is a third faster, forward
+    and backward, than ``scaled_dot_product_attention``'s CPU kernel (which runs several
+    small matrix products per row and head); the numbers agree to float rounding."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, keep: Tensor, read: Tensor,  # type: ignore[override]
+                shape: tuple[int, int], heads: int) -> Tensor:
+        (b, t), d = shape, qkv.shape[1] // 3
+        dh = d // heads
+        padded = qkv.new_zeros(b * t, 3 * d).index_copy_(0, keep, qkv)
+        # [3, B * heads, T, dh]: queries, keys, values of each (row, head)
+        q, k, v = padded.view(b, t, 3, heads, dh).permute(2, 0, 3, 1, 4).reshape(
+            3, b * heads, t, dh).unbind(0)
+        scale = 1 / math.sqrt(dh)
+        future = torch.ones(t, t, dtype=torch.bool, device=qkv.device).triu_(1)
+        bias = torch.zeros(t, t, dtype=qkv.dtype, device=qkv.device).masked_fill_(
+            future, float("-inf"))
+        weights = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+        weights = weights.sub_(weights.amax(-1, keepdim=True)).exp_()
+        weights.div_(weights.sum(-1, keepdim=True))
+        out = torch.bmm(weights, v).view(b, heads, t, dh).transpose(1, 2).reshape(b * t, d)
+        ctx.save_for_backward(q, k, v, weights, keep, read)
+        ctx.shape, ctx.scale = (b, t, heads, dh), scale
+        return out.index_select(0, read)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor  # type: ignore[override]
+                 ) -> tuple[Tensor, None, None, None, None]:
+        q, k, v, weights, keep, read = ctx.saved_tensors
+        b, t, heads, dh = ctx.shape
+        d = heads * dh
+        g = grad.new_zeros(b * t, d).index_copy_(0, read, grad)
+        g = g.view(b, t, heads, dh).transpose(1, 2).reshape(b * heads, t, dh)
+        dqkv = grad.new_empty(3, b * heads, t, dh)
+        torch.bmm(weights.transpose(1, 2), g, out=dqkv[2])  # d values
+        dw = torch.bmm(g, v.transpose(1, 2))
+        # softmax: d scores = w * (d w - sum(d w * w)), masked entries (w = 0) get 0
+        ds = dw.sub_((dw * weights).sum(-1, keepdim=True)).mul_(weights)
+        torch.bmm(ds, k, out=dqkv[0]).mul_(ctx.scale)  # d queries
+        torch.bmm(ds.transpose(1, 2), q, out=dqkv[1]).mul_(ctx.scale)  # d keys
+        dqkv = dqkv.view(3, b, heads, t, dh).permute(1, 3, 0, 2, 4).reshape(b * t, 3 * d)
+        return dqkv.index_select(0, keep), None, None, None, None
 
 
 @dataclass
