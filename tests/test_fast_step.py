@@ -301,3 +301,25 @@ def test_packed_causal_attention_gradcheck():
                                           is_causal=True).transpose(1, 2).reshape(b * t, -1)
     got = _PackedCausalAttention.apply(qkv.detach(), keep, read, (b, t), heads)
     assert torch.allclose(got, want[read], atol=1e-12)
+
+
+def test_environment_replies_are_checked_and_encoded_once_per_text():
+    from lightning_adv.trainer.tasks import Turn
+
+    runtime = TaskRuntime(TaskConfig(name="guess"))
+    calls = []
+    encode = runtime.vocab.encode_reply
+
+    def counted(*args):
+        calls.append(args[0])
+        return encode(*args)
+
+    runtime.vocab.encode_reply = counted
+    turn = Turn("x", ("x",), False)
+    first = runtime.reply(3, [turn], 0)
+    again = runtime.reply(5, [turn], 1)
+    assert first == again == runtime.vocab.encode("?", "test") and calls == ["?"]
+    first.append(99)  # each answer is the caller's own list
+    assert runtime.reply(5, [turn], 1) == again
+    assert runtime.reply(3, [Turn("5", ("5",), False)], 0) == runtime.vocab.encode("<", "t")
+    assert calls == ["?", "<"]

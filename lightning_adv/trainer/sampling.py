@@ -206,7 +206,7 @@ def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> None:
     goes on) is appended to its tokens (the caller writes them into the token buffer)."""
     vocab, task = runtime.vocab, runtime.task
     eos = tokens[-1] == vocab.eos_id
-    texts = tuple(vocab.token_text(t) for t in tokens)
+    texts = tuple(map(vocab.token_text, tokens))
     turn = Turn(text=vocab.decode(tokens), tokens=texts, eos=eos)
     ep.turns.append(turn)
     if len(ep.turns) >= task.max_turns:
