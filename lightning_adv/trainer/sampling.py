@@ -231,14 +231,16 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
           scorers: Sequence[Scorer] = ()) -> None:
     """Outcome rewards from the task and summed, weighted process rewards, per episode."""
     task = runtime.task
+    known: dict[int, tuple[Any, Any]] = {}  # per prompt index: its text and target
     for group in groups:
         for sample_no, ep in enumerate(group):
-            prompt = runtime.prompt_text(ep.index)  # the task's text, not a chat rendering
+            if ep.index not in known:  # the task's text, not a chat rendering
+                known[ep.index] = runtime.prompt_text(ep.index), task.target(ep.instance)
+            prompt, target = known[ep.index]
             if not isinstance(prompt, str):  # chat messages: the rendered text
                 prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
             ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
-                               turns=tuple(ep.turns), truncated=ep.truncated,
-                               target=task.target(ep.instance))
+                               turns=tuple(ep.turns), truncated=ep.truncated, target=target)
             ep.reward = runtime.reward(ep.sample, sample_no)
             if scorers:
                 ep.token_rewards = _process_rewards(ep, sample_no, scorers)
