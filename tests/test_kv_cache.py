@@ -147,3 +147,16 @@ def test_forward_cached_rows_that_read_nothing_beside_rows_that_read_several():
     assert cache.filled.tolist() == [5, 6, 9]
     logits, _, _ = policy.forward_cached(buffer, torch.arange(3), torch.tensor([6, 7, 10]), cache)
     assert torch.allclose(logits[:, 0], full_logits[[0, 1, 2], [5, 6, 9]], atol=1e-5)
+
+
+def test_forward_cached_under_bf16_autocast():
+    """Lightning's bf16-mixed precision runs the sampler under autocast: the new keys and
+    values (bf16) go into the float32 cache."""
+    policy = trained_looking_policy()
+    buffer = torch.randint(0, 11, (2, 20), generator=torch.Generator().manual_seed(4))
+    cache = KVCache(policy, 2, 20)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full_logits, _ = policy(buffer)
+        policy.forward_cached(buffer, torch.arange(2), torch.tensor([6, 3]), cache)
+        logits, _, _ = policy.forward_cached(buffer, torch.arange(2), torch.tensor([7, 4]), cache)
+    assert torch.allclose(logits[:, 0].float(), full_logits[[0, 1], [6, 3]].float(), atol=0.1)

@@ -154,8 +154,9 @@ class Block(nn.Module):
         h, dh = self.n_heads, d // self.n_heads
         q, k, v = self.qkv(self.ln1(x)).view(-1, 3, h, dh).unbind(1)
         keys, values = cache
-        keys.permute(0, 3, 1, 2)[slots.cache_rows, slots.positions] = k
-        values.permute(0, 2, 1, 3)[slots.cache_rows, slots.positions] = v
+        # (under autocast the new keys and values may be narrower than the cache)
+        keys.permute(0, 3, 1, 2)[slots.cache_rows, slots.positions] = k.to(keys.dtype)
+        values.permute(0, 2, 1, 3)[slots.cache_rows, slots.positions] = v.to(values.dtype)
         if len(slots.rows) < len(keys):  # a subset: gather its rows (a copy)
             keys, values = keys[slots.rows], values[slots.rows]
         r, n = slots.shape
