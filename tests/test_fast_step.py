@@ -188,6 +188,8 @@ def test_training_steps_equal_those_of_full_passes(monkeypatch, ppo):
 
     monkeypatch.setattr(ppo_module, "loss_positions_pass", plain_loss_inputs)
     monkeypatch.setattr("lightning_adv.trainer.scoring.selected_passes", plain_scoring)
+    monkeypatch.setattr("lightning_adv.trainer.scoring.shared_prompt_logprobs",
+                        lambda *args: None)
     plain, plain_metrics = fit_params(ppo)
     # Adam divides each gradient by its own running scale, so a gradient entry that is a
     # near-cancelling sum moves by up to ~1e-3 of the learning rate (0.01) with the
@@ -323,3 +325,32 @@ def test_environment_replies_are_checked_and_encoded_once_per_text():
     assert runtime.reply(5, [turn], 1) == again
     assert runtime.reply(3, [Turn("5", ("5",), False)], 0) == runtime.vocab.encode("<", "t")
     assert calls == ["?", "<"]
+
+
+def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
+    from lightning_adv.trainer.scoring import shared_prompt_logprobs
+
+    reference = trained_looking_policy()
+    reference.value_head = None
+    g = torch.Generator().manual_seed(6)
+    prompts = torch.randint(1, 11, (3, 14), generator=g)
+    ids = prompts.repeat_interleave(4, dim=0)  # 3 prompts x 4 samples
+    prompt_lengths = torch.tensor([3, 5, 1]).repeat_interleave(4)
+    lengths = torch.tensor([7, 9, 4, 14, 6, 5, 12, 8, 2, 3, 1, 10])
+    responses = torch.randint(1, 11, ids.shape, generator=g)
+    columns = torch.arange(14)[None]
+    ids = torch.where(columns < prompt_lengths[:, None], ids, responses)
+    ids[columns >= lengths[:, None]] = 0
+    next_real = columns < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+    assert not got[~next_real].any()
+    # through scoring_passes, and not when a group's prompts differ
+    out = scoring_passes(trained_looking_policy(), reference, ids, lengths, 0.9, values=False,
+                         logprobs=False, pi_squared=False, prompts=(prompt_lengths, 4))
+    assert torch.equal(out["ref_logp"], got)
+    ids[5, 0] = ids[5, 0] % 10 + 1
+    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9) is None
+    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 5, 0.9) is None

@@ -621,11 +621,16 @@ class PPOModule(pl.LightningModule):
         # The sampler's cached pass already read every token: its values serve unless the
         # log-probs are recomputed anyway.
         fresh_values = self.critic and (recompute or sampled_values is None)
+        # A prompt's samples share its tokens (the reference reads them once)
+        generated = batch["loss_mask"] > 0
+        sizes = set(meta.traj_group_sizes)
+        prompts = ((generated.int().argmax(1), sizes.pop())
+                   if len(sizes) == 1 and bool(generated.any(1).all()) else None)
         passes = scoring_passes(self.policy, self.ref_policy, ids, attention.sum(1).long(),
                                 self.ppo_config.temperature, values=fresh_values,
                                 logprobs=recompute,
                                 pi_squared="sum_pi_squared" in self.recipe_inputs,
-                                rows=self.ppo_config.forward_batch_size)
+                                rows=self.ppo_config.forward_batch_size, prompts=prompts)
         if self.critic:
             values = passes["values"] if fresh_values else sampled_values
             values = finite_or_raise(values.float(), "values") * attention
