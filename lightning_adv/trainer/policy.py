@@ -258,8 +258,9 @@ class KVCache:
 
     Rows advance at their own pace (prompts differ in length; an environment reply adds
     several tokens at once): each call feeds every active row the tokens it has not read
-    yet, right-padded to the longest such run. Padded entries write to a spare last slot
-    that no real query ever attends to, so they never disturb the cache.
+    yet. Only those tokens are written; the queries are laid out right-padded to the
+    longest such run, and a padded query sits at a spare last slot (never written), which
+    no real query attends to.
     """
 
     def __init__(self, policy: "CausalTransformer", batch_size: int, width: int):
