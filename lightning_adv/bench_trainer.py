@@ -180,11 +180,18 @@ def median_timings(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def report(name: str, threads: int, old: dict[str, float], new: dict[str, float],
-           baseline: str = DEFAULT_BASELINE, repeats: int = 1) -> str:
-    lines = [f"{name}.yaml, {threads} thread(s): {1 / old['step']:.2f} -> "
-             f"{1 / new['step']:.2f} steps/s ({old['step'] / new['step']:.2f}x), medians of "
-             f"{repeats} run(s)",
-             f"  phase        {baseline:>8} (ms)  now (ms)  share now"]
+           baseline: str = DEFAULT_BASELINE, repeats: int = 1,
+           pair_ratios: Optional[list[float]] = None) -> str:
+    """The comparison of one config: the medians' speed-up, and with ``pair_ratios``
+    (the speed-up of each run against the baseline run just before it) their range and
+    median, which a load that drifts during the benchmark moves less."""
+    head = (f"{name}.yaml, {threads} thread(s): {1 / old['step']:.2f} -> "
+            f"{1 / new['step']:.2f} steps/s ({old['step'] / new['step']:.2f}x), medians of "
+            f"{repeats} run(s)")
+    if pair_ratios and len(pair_ratios) > 1:
+        head += (f"; run by run {min(pair_ratios):.2f}-{max(pair_ratios):.2f}x, median "
+                 f"{statistics.median(pair_ratios):.2f}x")
+    lines = [head, f"  phase        {baseline:>8} (ms)  now (ms)  share now"]
     for phase in PHASES:
         lines.append(f"  {phase:<11} {1000 * old.get(phase, 0):>13.1f} "
                      f"{1000 * new.get(phase, 0):>9.1f} {100 * new.get(phase, 0) / new['step']:>9.0f}%")
@@ -215,8 +222,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                 for _ in range(args.repeats):
                     old_runs.append(run_in_process(old_source, name, args.steps, threads))
                     new_runs.append(run_in_process(ROOT, name, args.steps, threads))
+                ratios = [o["step"] / n["step"] for o, n in zip(old_runs, new_runs)]
                 print(report(name, threads, median_timings(old_runs), median_timings(new_runs),
-                             args.baseline, args.repeats), flush=True)
+                             args.baseline, args.repeats, ratios), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

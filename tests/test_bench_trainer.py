@@ -27,3 +27,10 @@ def test_baseline_runs_from_its_own_commit(tmp_path, capsys):
     assert (source / "lightning_adv" / "trainer" / "ppo.py").exists()
     timings = bench_trainer.run_in_process(source, "ppo", 1, 1)
     assert set(PHASES) <= set(timings) and timings["step"] > 0
+
+
+def test_report_gives_the_run_by_run_speed_ups():
+    old, new = {"step": 0.3}, {"step": 0.2}
+    text = report("ppo", 1, old, new, "abc1234", 3, [1.4, 1.5, 1.7])
+    assert "(1.50x), medians of 3 run(s); run by run 1.40-1.70x, median 1.50x" in text
+    assert "run by run" not in report("ppo", 1, old, new, "abc1234", 1, [1.5])

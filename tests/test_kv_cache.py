@@ -87,3 +87,76 @@ def test_no_values_without_a_value_head():
     assert all(ep.values is None for ep in groups[0])
     batch, _ = build_batch(groups, multi_turn=False, process_rewards=False)
     assert "values" not in batch
+
+
+def test_prompts_shared_by_a_group_of_samples_are_read_once():
+    """A prompt's samples share its tokens: the cache reads the group's first row and
+    copies it, with the numbers of reading every row (and reads every row when a group's
+    rows differ)."""
+    from lightning_adv.trainer.sampling import _CachedReader
+
+    policy = trained_looking_policy()
+    g = torch.Generator().manual_seed(2)
+    prompts = torch.randint(1, 11, (4, 20), generator=g)
+    buffer = prompts.repeat_interleave(3, dim=0)  # 4 prompts x 3 samples
+    lengths = torch.tensor([5, 7, 2, 6]).repeat_interleave(3)
+    calls = []
+    forward = policy.forward_cached
+
+    def counted(buffer, rows, lengths, cache):
+        calls.append(len(rows))
+        return forward(buffer, rows, lengths, cache)
+
+    policy.forward_cached = counted
+    each = _CachedReader(policy, 12, 20)
+    want = each.read_prompts(buffer, lengths, 1)
+    shared = _CachedReader(policy, 12, 20)
+    got = shared.read_prompts(buffer, lengths, 3)
+    assert calls == [12, 4]
+    assert torch.allclose(got, want, atol=1e-6) and torch.equal(shared.cache.filled, lengths)
+    assert torch.allclose(shared.values, each.values, atol=1e-6)
+    for (k1, v1), (k2, v2) in zip(shared.cache.layers, each.cache.layers):
+        assert torch.allclose(k1, k2, atol=1e-6) and torch.allclose(v1, v2, atol=1e-6)
+    # the next token reads the same from either cache
+    buffer[:, 7] = 3
+    step = lengths.clamp(min=7) + 1
+    assert torch.allclose(shared.read(buffer, torch.arange(12), step),
+                          each.read(buffer, torch.arange(12), step), atol=1e-5)
+    # rows of a group that differ are read one by one
+    buffer[4, 0] = (buffer[4, 0] % 10) + 1
+    calls.clear()
+    _CachedReader(policy, 12, 20).read_prompts(buffer, lengths, 3)
+    assert calls == [12]
+
+
+def test_forward_cached_rows_that_read_nothing_beside_rows_that_read_several():
+    """Only the new tokens go through the linear layers: a row with nothing new (a
+    finished episode) beside rows reading one and several tokens changes nothing."""
+    policy = trained_looking_policy()
+    g = torch.Generator().manual_seed(3)
+    buffer = torch.randint(0, 11, (3, 20), generator=g)
+    full_logits, full_values = policy(buffer)
+    cache = KVCache(policy, 3, 20)
+    policy.forward_cached(buffer, torch.arange(3), torch.tensor([5, 5, 5]), cache)
+    logits, values, positions = policy.forward_cached(buffer, torch.arange(3),
+                                                      torch.tensor([5, 6, 9]), cache)
+    assert positions.tolist() == [[20] * 4, [5, 20, 20, 20], [5, 6, 7, 8]]
+    assert torch.allclose(logits[1, 0], full_logits[1, 5], atol=1e-5)
+    assert torch.allclose(logits[2], full_logits[2, 5:9], atol=1e-5)
+    assert torch.allclose(values[2], full_values[2, 5:9], atol=1e-5)
+    assert cache.filled.tolist() == [5, 6, 9]
+    logits, _, _ = policy.forward_cached(buffer, torch.arange(3), torch.tensor([6, 7, 10]), cache)
+    assert torch.allclose(logits[:, 0], full_logits[[0, 1, 2], [5, 6, 9]], atol=1e-5)
+
+
+def test_forward_cached_under_bf16_autocast():
+    """Lightning's bf16-mixed precision runs the sampler under autocast: the new keys and
+    values (bf16) go into the float32 cache."""
+    policy = trained_looking_policy()
+    buffer = torch.randint(0, 11, (2, 20), generator=torch.Generator().manual_seed(4))
+    cache = KVCache(policy, 2, 20)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full_logits, _ = policy(buffer)
+        policy.forward_cached(buffer, torch.arange(2), torch.tensor([6, 3]), cache)
+        logits, _, _ = policy.forward_cached(buffer, torch.arange(2), torch.tensor([7, 4]), cache)
+    assert torch.allclose(logits[:, 0].float(), full_logits[[0, 1], [6, 3]].float(), atol=0.1)

@@ -60,7 +60,7 @@ from lightning_adv.trainer.evaluation import (
 from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.policy import (
-    CausalTransformer, PolicyConfig, logprobs_and_entropy)
+    CausalTransformer, PolicyConfig, logprobs_and_entropy, picked_logprobs_and_entropy)
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.scoring import scoring_passes
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
@@ -579,8 +579,11 @@ class PPOModule(pl.LightningModule):
                                  SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p), gen,
                                  kv_cache=cfg.kv_cache)
         else:
+            # The value after an episode's last token is read only when it is used
+            # (make_batch sets it to 0 unless ppo.bootstrap_truncated)
             groups = generate(self.policy, self.runtime, indices, cfg.n_samples,
-                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache)
+                              self.max_new_tokens, cfg.temperature, gen, kv_cache=cfg.kv_cache,
+                              last_values=cfg.bootstrap_truncated)
         self.policy.train()
         score(groups, self.runtime, self.scorers)
         return groups
@@ -618,11 +621,16 @@ class PPOModule(pl.LightningModule):
         # The sampler's cached pass already read every token: its values serve unless the
         # log-probs are recomputed anyway.
         fresh_values = self.critic and (recompute or sampled_values is None)
+        # A prompt's samples share its tokens (the reference reads them once)
+        generated = batch["loss_mask"] > 0
+        sizes = set(meta.traj_group_sizes)
+        prompts = ((generated.int().argmax(1), sizes.pop())
+                   if len(sizes) == 1 and bool(generated.any(1).all()) else None)
         passes = scoring_passes(self.policy, self.ref_policy, ids, attention.sum(1).long(),
                                 self.ppo_config.temperature, values=fresh_values,
                                 logprobs=recompute,
                                 pi_squared="sum_pi_squared" in self.recipe_inputs,
-                                rows=self.ppo_config.forward_batch_size)
+                                rows=self.ppo_config.forward_batch_size, prompts=prompts)
         if self.critic:
             values = passes["values"] if fresh_values else sampled_values
             values = finite_or_raise(values.float(), "values") * attention
@@ -676,22 +684,27 @@ class PPOModule(pl.LightningModule):
         cfg = self.ppo_config
         width = int(lengths[rows].max())
         ids = batch["input_ids"][rows, :width]
-        logits, values = self.policy(ids)
 
         def cut(x: Optional[Tensor]) -> Optional[Tensor]:
             return None if x is None else x[rows, :width]
 
+        mask = cut(out["loss_mask"])
+        # With entropy_coef 0 the entropy is only reported: no graph for it.
+        entropy_grad = cfg.entropy_coef > 0
+        if isinstance(self.policy, CausalTransformer):
+            logprobs, values, ent = loss_positions_pass(self.policy, ids, mask > 0,
+                                                        cfg.temperature, entropy_grad)
+        else:
+            logits, values = self.policy(ids)
+            logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
+                                                 entropy_grad=entropy_grad)
         critic = {}
         if self.critic:
             critic = dict(values=values, old_values=cut(batch["values"]),
                           returns=cut(out["returns"]))
-        # With entropy_coef 0 the entropy is only reported: no graph for it.
-        logprobs, ent = logprobs_and_entropy(logits, ids, cfg.temperature,
-                                             entropy_grad=cfg.entropy_coef > 0)
         ref_logp = out.get("ref_logp") if cfg.kl_loss_coef > 0 else None
-        return self.loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]),
-                            cut(out["loss_mask"]), ref_logprobs=cut(ref_logp), entropy=ent,
-                            counts=counts, **critic)
+        return self.loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
+                            ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **critic)
 
     def _accumulating(self, last: bool) -> Any:
         """No gradient all-reduce before a minibatch's last micro-batch (DDP's no_sync);
@@ -766,6 +779,23 @@ class PPOModule(pl.LightningModule):
         experiment = getattr(logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
             experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
+
+
+def loss_positions_pass(policy: CausalTransformer, ids: Tensor, active: Tensor, temperature: float,
+                        entropy_grad: bool) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """The policy's next-token log-probs, values and entropies over the ``[B, T]`` rows
+    ``ids``, computed at the loss mask's positions ``active`` only
+    (:meth:`~lightning_adv.trainer.policy.CausalTransformer.forward_selected`) and 0
+    elsewhere: :class:`~lightning_adv.PPOLoss` never reads the other positions, so the loss
+    and its gradient are those of a full forward pass, to float rounding."""
+    logits, values = policy.forward_selected(ids, active)
+    targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))[active]  # token t+1 at position t
+    logprobs, ent = picked_logprobs_and_entropy(logits, targets, temperature, entropy_grad)
+
+    def spread(x: Tensor) -> Tensor:
+        return x.new_zeros(active.shape).masked_scatter(active, x)
+
+    return spread(logprobs), None if values is None else spread(values), spread(ent)
 
 
 def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:

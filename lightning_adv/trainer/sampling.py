@@ -5,12 +5,11 @@ the policy writes until ``<eos>`` or the per-turn token limit, then the task's
 environment answers (its tokens are not generated: loss mask 0, turn id -1), until the
 task ends the episode or ``max_turns`` is reached. Every random draw comes from the
 generator passed in. :func:`build_batch` turns the scored episodes into the rollout
-batch, one ``concat_batch`` entry per prompt group, so the metadata is complete.
+batch and its complete metadata (one prompt group per prompt).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.meta import BatchMeta, concat_batch
+from lightning_adv.meta import BatchMeta
 from lightning_adv.trainer.policy import scaled_log_softmax
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
@@ -55,24 +54,29 @@ class Episode:
 def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
              n_samples: int, max_new_tokens: int, temperature: float,
              gen: torch.Generator, kv_cache: bool = True,
-             greedy: bool = False) -> list[list[Episode]]:
+             greedy: bool = False, last_values: bool = True) -> list[list[Episode]]:
     """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
     ``greedy`` takes the most likely token at every step instead (``gen`` is not used).
 
     With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
     decoding); without it, each step re-reads every row's whole prefix. Both sample the
     same tokens from the same generator; with a value head, the cached path also keeps the
-    critic's values of every token, so scoring needs no second forward pass.
+    critic's values of every token, so scoring needs no second forward pass. The tokens
+    sampled last are read (one more pass) only for their values; with ``last_values``
+    false they are not, and the value after each episode's last token is 0 (the trainer
+    sets it to 0 unless ``ppo.bootstrap_truncated``).
     """
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
     episodes = start_episodes(runtime, indices, n_samples)
     width = task.max_episode_len(max_new_tokens)
-    buffer = torch.full((len(episodes), width), vocab.pad_id, dtype=torch.long, device=device)
-    for row, ep in enumerate(episodes):
-        buffer[row, : len(ep.tokens)] = torch.tensor(ep.tokens)
+    rows_of_tokens = [ep.tokens + [vocab.pad_id] * (width - len(ep.tokens)) for ep in episodes]
+    buffer = torch.tensor(rows_of_tokens, dtype=torch.long, device=device)
     reader = _CachedReader(policy, len(episodes), width) if kv_cache else None
     turn_tokens: list[list[int]] = [[] for _ in episodes]
+    # The samples of a prompt share its tokens: the cache reads each prompt once.
+    first = None if reader is None else reader.read_prompts(
+        buffer, torch.tensor([len(ep.tokens) for ep in episodes], device=device), n_samples)
 
     while True:
         rows = [i for i, ep in enumerate(episodes) if not ep.done]
@@ -82,6 +86,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         if reader is None:
             logits, _ = policy(buffer[rows, : int(lengths.max())])
             last = logits[torch.arange(len(rows), device=device), lengths - 1].float()
+        elif first is not None:  # (every episode is active before its first token)
+            last, first = first, None
         else:
             last = reader.read_active(buffer, rows, lengths)
         logp = finite_or_raise(scaled_log_softmax(last, temperature), "policy logits").cpu()
@@ -90,6 +96,8 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
         picked_ids = picked.tolist()
         buffer[rows, lengths] = picked.to(device)
+        replies: list[int] = []  # flat buffer positions and tokens of the replies
+        reply_tokens: list[int] = []
         for j, row in enumerate(rows):
             ep, token = episodes[row], picked_ids[j]
             ep.tokens.append(token)
@@ -99,11 +107,17 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             turn_tokens[row].append(token)
             if token != vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
                 continue
-            _end_turn(ep, turn_tokens[row], runtime, buffer[row])
+            start = len(ep.tokens)
+            _end_turn(ep, turn_tokens[row], runtime)
+            replies.extend(range(row * width + start, row * width + len(ep.tokens)))
+            reply_tokens.extend(ep.tokens[start:])
             turn_tokens[row] = []
+        if replies:
+            buffer.view(-1)[torch.tensor(replies, device=device)] = torch.tensor(
+                reply_tokens, device=device)
 
     if reader is not None and reader.values is not None:
-        reader.finish(buffer, episodes)
+        reader.finish(buffer, episodes, read_last=last_values)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
 
@@ -131,6 +145,34 @@ class _CachedReader:
         self.values = (torch.zeros(rows, width + 1, device=self.cache.filled.device)
                        if policy.value_head is not None else None)
 
+    def read_prompts(self, buffer: Tensor, lengths: Tensor, group: int) -> Tensor:
+        """Read every row's first ``lengths`` tokens (its prompt); returns :meth:`read`'s
+        logits of all rows. Consecutive rows in groups of ``group`` that hold the same
+        prompt (a prompt's samples) are read once, as the group's first row, whose keys,
+        values and logits the others copy: each row's numbers are its own pass's (rows
+        never mix), with ``group`` times fewer rows through the model."""
+        rows = len(lengths)
+        everyone = torch.arange(rows, device=buffer.device)
+        if group < 2 or rows % group:
+            return self.read(buffer, everyone, lengths)
+        width = int(lengths.max())
+        grouped = buffer[:, :width].view(rows // group, group, width)
+        same = (grouped == grouped[:, :1]).all() and (
+            lengths.view(-1, group) == lengths.view(-1, group)[:, :1]).all()
+        if not same:
+            return self.read(buffer, everyone, lengths)
+        leaders = everyone[::group]
+        logits = self.read(buffer, leaders, lengths[leaders])
+        for layer in self.cache.layers:
+            for tensor in layer:  # [rows, ...]: each group's rows take its first row's
+                view = tensor.view(rows // group, group, *tensor.shape[1:])
+                view[:, 1:] = view[:, :1]
+        self.cache.filled.copy_(lengths)
+        if self.values is not None:
+            view = self.values.view(rows // group, group, -1)
+            view[:, 1:] = view[:, :1]
+        return logits.repeat_interleave(group, dim=0)
+
     def read_active(self, buffer: Tensor, rows: list[int], lengths: Tensor) -> Tensor:
         """:meth:`read` for the unfinished ``rows``. Every row is fed (finished ones read
         nothing, a padded query): the cache is then used in place, not gathered."""
@@ -147,22 +189,26 @@ class _CachedReader:
         last = ((positions < self.cache.width).sum(1) - 1).clamp(min=0)  # last real new token
         return logits[torch.arange(len(rows), device=rows.device), last].float()
 
-    def finish(self, buffer: Tensor, episodes: list[Episode]) -> None:
-        """Read the tokens sampled last (never fed back) for their values, then store every
-        episode's values."""
-        lengths = torch.tensor([len(ep.tokens) for ep in episodes], device=buffer.device)
-        rows = (lengths > self.cache.filled).nonzero().flatten()
-        if len(rows):
-            self.read(buffer, rows, lengths[rows])
-        for row, ep in enumerate(episodes):
-            ep.values = self.values[row, : len(ep.tokens)].tolist()
+    def finish(self, buffer: Tensor, episodes: list[Episode], read_last: bool = True) -> None:
+        """Read the tokens sampled last (never fed back) for their values (``read_last``;
+        else their values stay 0), then store every episode's values."""
+        if read_last:
+            lengths = torch.tensor([len(ep.tokens) for ep in episodes], device=buffer.device)
+            rows = (lengths > self.cache.filled).nonzero().flatten()
+            if len(rows):
+                self.read(buffer, rows, lengths[rows])
+        for ep, values in zip(episodes, self.values.tolist()):
+            ep.values = values[: len(ep.tokens)]
 
 
-def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor) -> None:
+def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> None:
+    """Close the episode's turn of ``tokens``; the environment's reply (if the episode
+    goes on) is appended to its tokens (the caller writes them into the token buffer)."""
     vocab, task = runtime.vocab, runtime.task
     eos = tokens[-1] == vocab.eos_id
-    texts = tuple(vocab.token_text(t) for t in tokens)
-    ep.turns.append(Turn(text=vocab.decode(tokens), tokens=texts, eos=eos))
+    texts = tuple(map(vocab.token_text, tokens))
+    turn = Turn(text=vocab.decode(tokens), tokens=texts, eos=eos)
+    ep.turns.append(turn)
     if len(ep.turns) >= task.max_turns:
         ep.done = True
         return
@@ -170,13 +216,11 @@ def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime, row: Tensor)
     if reply is None:
         ep.done = True
         return
-    ep.turns[-1] = dataclasses.replace(ep.turns[-1], reply=vocab.decode(reply))
-    start = len(ep.tokens)
+    ep.turns[-1] = Turn(text=turn.text, tokens=texts, eos=eos, reply=vocab.decode(reply))
     ep.tokens.extend(reply)
     ep.generated.extend([False] * len(reply))
     ep.logprobs.extend([0.0] * len(reply))
     ep.turn_ids.extend([-1] * len(reply))
-    row[start: start + len(reply)] = torch.tensor(reply)
 
 
 Scorer = tuple[str, Callable[..., Any], float, Mapping[str, Any]]
@@ -187,14 +231,16 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
           scorers: Sequence[Scorer] = ()) -> None:
     """Outcome rewards from the task and summed, weighted process rewards, per episode."""
     task = runtime.task
+    known: dict[int, tuple[Any, Any]] = {}  # per prompt index: its text and target
     for group in groups:
         for sample_no, ep in enumerate(group):
-            prompt = runtime.prompt_text(ep.index)  # the task's text, not a chat rendering
+            if ep.index not in known:  # the task's text, not a chat rendering
+                known[ep.index] = runtime.prompt_text(ep.index), task.target(ep.instance)
+            prompt, target = known[ep.index]
             if not isinstance(prompt, str):  # chat messages: the rendered text
                 prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
             ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
-                               turns=tuple(ep.turns), truncated=ep.truncated,
-                               target=task.target(ep.instance))
+                               turns=tuple(ep.turns), truncated=ep.truncated, target=target)
             ep.reward = runtime.reward(ep.sample, sample_no)
             if scorers:
                 ep.token_rewards = _process_rewards(ep, sample_no, scorers)
@@ -237,34 +283,34 @@ def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> 
 
 def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
                 process_rewards: bool) -> tuple[dict[str, Any], BatchMeta]:
-    """The SPEC §1 rollout batch (without model outputs) and its complete metadata."""
-    trajs = []
-    for group in groups:
-        width = max(len(ep.tokens) for ep in group)
+    """The SPEC §1 rollout batch (without model outputs) and its complete metadata: what
+    :func:`~lightning_adv.meta.concat_batch` makes of one right-padded batch per prompt
+    group, built at once (one tensor per key)."""
+    episodes = [ep for group in groups for ep in group]
+    width = max(len(ep.tokens) for ep in episodes)
 
-        def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
-            return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+    def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
+        return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
-        traj = {
-            "input_ids": pad([ep.tokens for ep in group], torch.long),
-            "attention_mask": pad([[True] * len(ep.tokens) for ep in group], torch.bool, False),
-            "loss_mask": pad([[int(g) for g in ep.generated] for ep in group], torch.int32),
-            "logprobs": pad([ep.logprobs for ep in group], torch.float32, 0.0),
-            "rewards": torch.tensor([ep.reward for ep in group], dtype=torch.float32),
-            "is_truncated": torch.tensor([ep.truncated for ep in group], dtype=torch.bool),
-        }
-        if multi_turn:
-            traj["turn_ids"] = pad([ep.turn_ids for ep in group], torch.long, -1)
-        if process_rewards:
-            traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
-                                        torch.float32, 0.0)
-        if all(ep.values is not None for ep in group):
-            traj["values"] = pad([ep.values for ep in group], torch.float32, 0.0)
-        trajs.append(traj)
-    batch, meta = concat_batch(trajs)
-    if multi_turn:
-        # concat_batch pads every tensor with 0; off generated tokens turn ids are -1.
-        batch["turn_ids"] = batch["turn_ids"].masked_fill(~batch["loss_mask"].bool(), -1)
+    batch = {
+        "input_ids": pad([ep.tokens for ep in episodes], torch.long),
+        "attention_mask": pad([[True] * len(ep.tokens) for ep in episodes], torch.bool, False),
+        "loss_mask": pad([[int(g) for g in ep.generated] for ep in episodes], torch.int32),
+        "logprobs": pad([ep.logprobs for ep in episodes], torch.float32, 0.0),
+        "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        "is_truncated": torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+    }
+    if multi_turn:  # -1 off generated tokens
+        batch["turn_ids"] = pad([[t if g else -1 for t, g in zip(ep.turn_ids, ep.generated)]
+                                 for ep in episodes], torch.long, -1)
+    if process_rewards:
+        batch["token_rewards"] = pad([ep.token_rewards or [] for ep in episodes],
+                                     torch.float32, 0.0)
+    if all(ep.values is not None for ep in episodes):
+        batch["values"] = pad([ep.values for ep in episodes], torch.float32, 0.0)
+    meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
+                     traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
+                     rollout_groups=[None] * len(groups))
     return batch, meta
 
 

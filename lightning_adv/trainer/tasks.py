@@ -449,6 +449,7 @@ class TaskRuntime:
         self.context_window = context_window
         self.episode_budget = episode_budget
         self._instances: dict[int, tuple[Any, list[int]]] = {}
+        self._replies: dict[tuple[str, Optional[str]], tuple[int, ...]] = {}
         if self.task.max_turns > 1 and hasattr(self.vocab, "check_replies"):
             self.vocab.check_replies()  # the chat template can append replies as messages
         if config.reward is not None:
@@ -520,6 +521,12 @@ class TaskRuntime:
         text = self.task.reply(instance, turns)
         if text is None:
             return None
+        last = turns[-1]
+        ended_with = last.tokens[-1] if last.eos and last.tokens else None
+        # A task answers with a few distinct texts: each is checked and encoded once.
+        known = self._replies.get((text, ended_with)) if type(text) is str else None
+        if known is not None:
+            return text, list(known)
         where = f"{self.where}: environment reply after turn {len(turns) - 1} of instance {index}"
         if not isinstance(text, str) or not text:
             raise TaskError(f"{where}: expected a non-empty string (or None to end the episode), "
@@ -527,9 +534,10 @@ class TaskRuntime:
         if len(text) > self.task.max_reply_len:
             raise TaskError(f"{where}: {len(text)} symbols exceed the task's max_reply_len "
                              f"({self.task.max_reply_len})")
-        last = turns[-1]
-        ended_with = last.tokens[-1] if last.eos and last.tokens else None
-        return text, self.vocab.encode_reply(text, ended_with, where, TaskError)
+        tokens = self.vocab.encode_reply(text, ended_with, where, TaskError)
+        if type(text) is str:
+            self._replies[(text, ended_with)] = tuple(tokens)
+        return text, tokens
 
     def reward(self, sample: Sample, sample_no: int) -> float:
         """The checked outcome reward of ``sample``. A reward function returns None (or NaN)

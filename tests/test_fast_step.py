@@ -1,0 +1,356 @@
+"""The trainer step's shortcuts give the plain computation's numbers: the built-in
+policy's passes over selected positions only (``forward_selected``: the update's
+loss-mask positions, the scoring passes' read positions) those of a full forward pass
+over the padded rows, to float rounding, and so do the loss, its gradient and whole
+training steps; the rollout batch built at once that of ``concat_batch`` over the prompt
+groups."""
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_adv import ActorConfig, concat_batch
+from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
+from lightning_adv.trainer import ppo as ppo_module
+from lightning_adv.trainer.policy import (
+    CausalTransformer, logprobs_and_entropy, next_token_logprobs)
+from lightning_adv.trainer.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.sampling import build_batch, generate, score
+from lightning_adv.trainer.scoring import scoring_passes
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.data import generator
+
+
+def trained_looking_policy(n_layers=2, value_head=True, vocab=11, width=24):
+    torch.manual_seed(0)
+    policy = CausalTransformer(PolicyConfig(d_model=32, n_layers=n_layers, n_heads=4,
+                                            value_head=value_head), vocab, width,
+                               banned_tokens=(0,))
+    with torch.no_grad():  # the LM and value heads start at zero; make them matter
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn(p.shape))
+    return policy
+
+
+def close(got, want, tol=1e-5):
+    """Equal to float rounding relative to the tensor's scale (gradients sum many terms)."""
+    return bool((got - want).abs().max() <= tol * max(float(want.abs().max()), 1e-3))
+
+
+def ragged_batch(lengths, vocab=11, width=None, seed=1):
+    """Right-padded rows (padding token 0) and a selection of some of their positions,
+    one row selecting nothing."""
+    g = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width), generator=g)
+    real = torch.arange(width)[None] < torch.tensor(lengths)[:, None]
+    ids[~real] = 0
+    selected = real & (torch.rand(ids.shape, generator=g) < 0.5)
+    selected[1] = False
+    return ids, real, selected
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_forward_selected_equals_forward_at_the_selected_positions(n_layers):
+    policy = trained_looking_policy(n_layers)
+    ids, real, selected = ragged_batch([7, 3, 12, 5, 9, 1], width=14)
+    logits, values = policy(ids)
+    picked_logits, picked_values = policy.forward_selected(ids, selected)
+    assert picked_logits.shape == (int(selected.sum()), 11)
+    assert torch.allclose(picked_logits, logits[selected], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(picked_values, values[selected], rtol=1e-5, atol=1e-5)
+    # gradients: any function of the selected outputs
+    weights = torch.randn(picked_logits.shape, generator=torch.Generator().manual_seed(2))
+
+    def grads(loss):
+        policy.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+    full = grads((policy(ids)[0][selected] * weights).sum() + policy(ids)[1][selected].sum())
+    logits, values = policy.forward_selected(ids, selected)
+    packed = grads((logits * weights).sum() + values.sum())
+    for name, grad in full.items():
+        assert close(packed[name], grad), name
+
+
+def test_forward_selected_with_nothing_selected_still_backpropagates():
+    policy = trained_looking_policy()
+    ids, _, _ = ragged_batch([4, 6])
+    logits, values = policy.forward_selected(ids, torch.zeros(ids.shape, dtype=torch.bool))
+    assert logits.shape == (0, 11) and values.shape == (0,)
+    (logits.sum() + values.sum()).backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.parameters())
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_loss_positions_pass_gives_the_plain_pass_loss_and_gradient(entropy_grad):
+    """PPOLoss (clipped value loss, KL term, entropy bonus) on the loss mask's positions
+    only equals the loss over a full pass, and so does its gradient."""
+    policy = trained_looking_policy()
+    ids, real, mask = ragged_batch([7, 3, 12, 5, 9, 1], width=13, seed=3)
+    g = torch.Generator().manual_seed(4)
+    noise = [torch.randn(ids.shape, generator=g) for _ in range(5)]
+    loss_fn = ppo_module.PPOLoss(entropy_coef=0.01 if entropy_grad else 0.0, kl_coef=0.1,
+                                 value_clip_eps=0.2, loss_agg_mode="seq-mean-token-mean")
+
+    def loss(pass_fn):
+        logprobs, values, ent = pass_fn(policy, ids, mask, 0.7, entropy_grad)
+        with torch.no_grad():
+            old = logprobs.detach() + 0.1 * noise[0]
+            old_values = values.detach() + 0.1 * noise[1]
+        result = loss_fn(logprobs, torch.where(mask, old, 0.0), noise[2], mask.int(),
+                         ref_logprobs=torch.where(mask, old + 0.1 * noise[3], 0.0),
+                         values=values, old_values=torch.where(mask, old_values, 0.0),
+                         returns=noise[4], entropy=ent)
+        policy.zero_grad()
+        result["loss"].backward()
+        return result, {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+    def plain(policy, ids, active, temperature, entropy_grad):
+        logits, values = policy(ids)
+        logprobs, ent = logprobs_and_entropy(logits, ids, temperature, entropy_grad=entropy_grad)
+        return logprobs, values, ent
+
+    want, want_grads = loss(plain)
+    got, got_grads = loss(ppo_module.loss_positions_pass)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), key
+    for name, grad in want_grads.items():
+        assert close(got_grads[name], grad), name
+
+
+@pytest.mark.parametrize("value_head", [True, False])
+def test_scoring_passes_of_the_built_in_policy_equal_a_full_pass(value_head):
+    policy = trained_looking_policy(value_head=value_head)
+    reference = trained_looking_policy()
+    reference.value_head = None
+    ids, real, _ = ragged_batch([7, 3, 12, 5, 9, 1], width=12)
+    lengths = real.sum(1)
+    next_real = F.pad(real[:, 1:], (0, 1))
+    with torch.no_grad():
+        logits, values = policy(ids)
+        want = {"prox_logp": next_token_logprobs(logits, ids, 0.8),
+                "ref_logp": next_token_logprobs(reference(ids)[0], ids, 0.8),
+                "sum_pi_squared": sum_pi_squared(logits, 0.8)}
+        if value_head:
+            want["values"] = values
+    for rows in (None, 2):
+        got = scoring_passes(policy, reference, ids, lengths, 0.8, values=value_head,
+                             logprobs=True, pi_squared=True, rows=rows)
+        assert got.keys() == want.keys()
+        for key, tensor in got.items():
+            assert tensor.dtype == torch.float32 and tensor.shape == ids.shape
+            read = real if key == "values" else next_real
+            assert torch.allclose(tensor[read], want[key][read], rtol=1e-5, atol=1e-5), key
+            assert not tensor[~real].any(), key  # nothing computed past a row's end
+
+
+SMALL = dict(prompts_per_step=4, n_samples=4, minibatches=2, epochs=2, lr=0.01)
+
+
+def fit_params(ppo, steps=3):
+    module = PPOModule(task=TaskConfig(name="reverse"), seed=0, ppo=PPOConfig(**SMALL, **ppo),
+                       actor=ActorConfig(kl_ctl=0.05),
+                       policy=PolicyConfig(d_model=16, n_layers=2, n_heads=2))
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {n: p.detach().clone() for n, p in module.policy.named_parameters()}, metrics
+
+
+@pytest.mark.parametrize("ppo", [{}, {"entropy_coef": 0.01, "kl_loss_coef": 0.1,
+                                      "micro_batch_size": 3}])
+def test_training_steps_equal_those_of_full_passes(monkeypatch, ppo):
+    """Three training steps (twelve optimizer steps) update the weights as the plain full
+    passes do, to float rounding, and report the same metrics."""
+    fast, fast_metrics = fit_params(ppo)
+
+    def plain_loss_inputs(policy, ids, active, temperature, entropy_grad):
+        logits, values = policy(ids)
+        logprobs, ent = logprobs_and_entropy(logits, ids, temperature, entropy_grad=entropy_grad)
+        return logprobs, values, ent
+
+    def plain_scoring(model, ids, lengths, temperature, *, values, logprobs, pi_squared):
+        logits, critic = model(ids)
+        out = {"logprobs": next_token_logprobs(logits, ids, temperature)}
+        if values:
+            out["values"] = critic
+        return out
+
+    monkeypatch.setattr(ppo_module, "loss_positions_pass", plain_loss_inputs)
+    monkeypatch.setattr("lightning_adv.trainer.scoring.selected_passes", plain_scoring)
+    monkeypatch.setattr("lightning_adv.trainer.scoring.shared_prompt_logprobs",
+                        lambda *args: None)
+    plain, plain_metrics = fit_params(ppo)
+    # Adam divides each gradient by its own running scale, so a gradient entry that is a
+    # near-cancelling sum moves by up to ~1e-3 of the learning rate (0.01) with the
+    # summation order; a wrong position or term would move weights by ~lr per step.
+    for name, param in plain.items():
+        assert (fast[name] - param).abs().max() < 1e-4, name
+    assert fast_metrics.keys() == plain_metrics.keys()
+    for key, value in plain_metrics.items():
+        assert fast_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def per_group_batch(groups, multi_turn, process_rewards):
+    """The rollout batch as concat_batch makes it of one padded batch per prompt group."""
+    trajs = []
+    for group in groups:
+        width = max(len(ep.tokens) for ep in group)
+
+        def pad(rows, dtype, fill=0):
+            return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+        traj = {"input_ids": pad([ep.tokens for ep in group], torch.long),
+                "attention_mask": pad([[True] * len(ep.tokens) for ep in group], torch.bool, False),
+                "loss_mask": pad([[int(g) for g in ep.generated] for ep in group], torch.int32),
+                "logprobs": pad([ep.logprobs for ep in group], torch.float32, 0.0),
+                "rewards": torch.tensor([ep.reward for ep in group], dtype=torch.float32),
+                "is_truncated": torch.tensor([ep.truncated for ep in group], dtype=torch.bool)}
+        if multi_turn:
+            traj["turn_ids"] = pad([ep.turn_ids for ep in group], torch.long, -1)
+        if process_rewards:
+            traj["token_rewards"] = pad([ep.token_rewards or [] for ep in group],
+                                        torch.float32, 0.0)
+        if all(ep.values is not None for ep in group):
+            traj["values"] = pad([ep.values for ep in group], torch.float32, 0.0)
+        trajs.append(traj)
+    batch, meta = concat_batch(trajs)
+    if multi_turn:
+        batch["turn_ids"] = batch["turn_ids"].masked_fill(~batch["loss_mask"].bool(), -1)
+    return batch, meta
+
+
+@pytest.mark.parametrize("task", ["reverse", "guess"])
+def test_build_batch_equals_concat_batch_of_the_prompt_groups(task):
+    runtime = TaskRuntime(TaskConfig(name=task))
+    width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
+    policy = trained_looking_policy(vocab=len(runtime.vocab), width=width)
+    groups = generate(policy, runtime, [0, 5, 9, 2], 3, runtime.task.max_new_tokens, 1.0,
+                      generator(0, "t"))
+    score(groups, runtime)
+    for ep in groups[1]:  # process rewards of different lengths
+        ep.token_rewards = [0.5 * i for i in range(len(ep.tokens))]
+    multi_turn = task == "guess"
+    batch, meta = build_batch(groups, multi_turn=multi_turn, process_rewards=True)
+    want, want_meta = per_group_batch(groups, multi_turn, True)
+    assert meta == want_meta and batch.keys() == want.keys()
+    if task == "reverse":  # prompts of different lengths: groups of different widths
+        assert len(set(meta.traj_seqlens)) > 1
+    for key, tensor in want.items():
+        assert batch[key].dtype == tensor.dtype and torch.equal(batch[key], tensor), key
+
+
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_rollout_reads_the_last_tokens_values_only_when_they_are_used(bootstrap):
+    """The value after an episode's last token is zeroed in the batch unless
+    ppo.bootstrap_truncated: the rollout then skips the pass that reads it, and the batch
+    is the same as with it."""
+    module = PPOModule(task=TaskConfig(name="guess"), seed=0,
+                       ppo=PPOConfig(prompts_per_step=4, n_samples=3, bootstrap_truncated=bootstrap),
+                       policy=PolicyConfig(d_model=16, n_layers=2, n_heads=2))
+    with torch.no_grad():  # a critic that is not all zeros
+        module.policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(1))
+    reads = []
+    forward = module.policy.forward_cached
+
+    def counted(*args):
+        reads.append(len(args[1]))
+        return forward(*args)
+
+    module.policy.forward_cached = counted
+    groups = module.rollout([0, 1, 2, 3], generator(0, "r"))
+    trainer_reads = len(reads)
+    reads.clear()
+    full = generate(module.policy, module.runtime, [0, 1, 2, 3], 3, module.max_new_tokens, 1.0,
+                    generator(0, "r"), last_values=True)
+    score(full, module.runtime)
+    assert trainer_reads == len(reads) - (0 if bootstrap else 1)
+    values = module.make_batch(groups)[0]["values"]
+    want = module.make_batch(full)[0]["values"]
+    assert torch.equal(values, want)
+    last = [len(ep.tokens) - 1 for g in full for ep in g]
+    assert want[torch.arange(12), last].any() == bootstrap
+
+
+def test_packed_causal_attention_gradcheck():
+    """The written-out attention of the packed passes, its hand-written backward checked
+    against finite differences (float64), with unkept positions and unread outputs."""
+    from lightning_adv.trainer.policy import _PackedCausalAttention
+
+    g = torch.Generator().manual_seed(5)
+    b, t, heads, dh = 3, 5, 2, 3
+    kept = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    keep = kept.reshape(-1).nonzero().squeeze(1)
+    read = keep[torch.tensor([0, 2, 3, 4, 7, 9])]
+    qkv = torch.randn(len(keep), 3 * heads * dh, generator=g, dtype=torch.float64,
+                      requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x: _PackedCausalAttention.apply(x, keep, read, (b, t), heads), (qkv,))
+    # and the forward is causal attention over each row's kept prefix
+    full = qkv.new_zeros(b * t, 3 * heads * dh).index_copy(0, keep, qkv.detach())
+    q, k, v = full.view(b, t, 3, heads, dh).unbind(2)
+    want = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True).transpose(1, 2).reshape(b * t, -1)
+    got = _PackedCausalAttention.apply(qkv.detach(), keep, read, (b, t), heads)
+    assert torch.allclose(got, want[read], atol=1e-12)
+
+
+def test_environment_replies_are_checked_and_encoded_once_per_text():
+    from lightning_adv.trainer.tasks import Turn
+
+    runtime = TaskRuntime(TaskConfig(name="guess"))
+    calls = []
+    encode = runtime.vocab.encode_reply
+
+    def counted(*args):
+        calls.append(args[0])
+        return encode(*args)
+
+    runtime.vocab.encode_reply = counted
+    turn = Turn("x", ("x",), False)
+    first = runtime.reply(3, [turn], 0)
+    again = runtime.reply(5, [turn], 1)
+    assert first == again == runtime.vocab.encode("?", "test") and calls == ["?"]
+    first.append(99)  # each answer is the caller's own list
+    assert runtime.reply(5, [turn], 1) == again
+    assert runtime.reply(3, [Turn("5", ("5",), False)], 0) == runtime.vocab.encode("<", "t")
+    assert calls == ["?", "<"]
+
+
+def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
+    from lightning_adv.trainer.scoring import shared_prompt_logprobs
+
+    reference = trained_looking_policy()
+    reference.value_head = None
+    g = torch.Generator().manual_seed(6)
+    prompts = torch.randint(1, 11, (3, 14), generator=g)
+    ids = prompts.repeat_interleave(4, dim=0)  # 3 prompts x 4 samples
+    prompt_lengths = torch.tensor([3, 5, 1]).repeat_interleave(4)
+    lengths = torch.tensor([7, 9, 4, 14, 6, 5, 12, 8, 2, 3, 1, 10])
+    responses = torch.randint(1, 11, ids.shape, generator=g)
+    columns = torch.arange(14)[None]
+    ids = torch.where(columns < prompt_lengths[:, None], ids, responses)
+    ids[columns >= lengths[:, None]] = 0
+    next_real = columns < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+    assert not got[~next_real].any()
+    # through scoring_passes, and not when a group's prompts differ
+    out = scoring_passes(trained_looking_policy(), reference, ids, lengths, 0.9, values=False,
+                         logprobs=False, pi_squared=False, prompts=(prompt_lengths, 4))
+    assert torch.equal(out["ref_logp"], got)
+    ids[5, 0] = ids[5, 0] % 10 + 1
+    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9) is None
+    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 5, 0.9) is None
