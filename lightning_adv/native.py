@@ -119,6 +119,12 @@ def _ptr(t: Optional[Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def _gae_outputs(rewards: Tensor) -> tuple[Tensor, Tensor]:
+    """Fresh advantages and returns for a GAE loop: every position is written."""
+    return (torch.empty(rewards.shape, dtype=rewards.dtype, device=CPU),
+            torch.empty(rewards.shape, dtype=rewards.dtype, device=CPU))
+
+
 def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap: Tensor,
               discount: float, coef: Union[float, Tensor]) -> tuple[Tensor, Tensor, int]:
     """The loop of :func:`lightning_adv.kernels.compute_token_gae` on contiguous CPU
@@ -128,8 +134,7 @@ def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap: Ten
     ``(advantages, returns, bad_row)``: ``bad_row`` is 1 + the first row whose mask holds
     something other than 0 and 1 (the outputs are then incomplete), else 0."""
     bs, width = rewards.shape
-    adv = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
-    ret = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
+    adv, ret = _gae_outputs(rewards)
     row_coef = coef if isinstance(coef, Tensor) else None
     status = _LIB.la_token_gae(bs, width, int(rewards.dtype == torch.float64),
                                rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
@@ -153,8 +158,7 @@ def turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tenso
     bad_mask_row, bad_ids_row)``, each ``bad_*`` 1 + the first offending row or 0 (the
     outputs are then incomplete)."""
     bs, width = rewards.shape
-    adv = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
-    ret = torch.empty((bs, width), dtype=rewards.dtype, device=CPU)
+    adv, ret = _gae_outputs(rewards)
     row_coef = coef if isinstance(coef, Tensor) else None
     status = _LIB.la_turn_gae(bs, width, int(rewards.dtype == torch.float64),
                               rewards.data_ptr(), values.data_ptr(), loss_mask.data_ptr(),
