@@ -26,9 +26,9 @@ back into Python: ctypes releases the GIL around each call. */
 
 /* Bumped whenever a signature or a meaning below changes: native.py refuses a library
    built from another version (an editable install whose C file changed since the build). */
-#define LA_ABI_VERSION 3
+#define LA_ABI_VERSION 4
 
-enum { MASK_U8 = 0, MASK_I32 = 1, MASK_I64 = 2, MASK_F32 = 3, MASK_F64 = 4 };
+enum { MASK_U8 = 0, MASK_I32 = 1, MASK_I64 = 2, MASK_F32 = 3, MASK_F64 = 4, MASK_BOOL = 5 };
 
 enum { KL_NONE = 0, KL_K1 = 1, KL_K2 = 2, KL_K3 = 3 };
 
@@ -66,6 +66,11 @@ INLINE int64_t mask_row(const void *mask, int kind, int64_t offset, int64_t n,
                         float *restrict out) {
     int64_t bad = 0;
     switch (kind) {
+    case MASK_BOOL: {   /* any nonzero byte is true, as torch reads a bool (never "bad") */
+        const uint8_t *restrict s = (const uint8_t *)mask + offset;
+        for (int64_t i = 0; i < n; ++i) out[i] = (float)(s[i] != 0);
+        break;
+    }
     case MASK_U8: {
         const uint8_t *restrict s = (const uint8_t *)mask + offset;
         for (int64_t i = 0; i < n; ++i) { bad |= s[i] & ~1; out[i] = (float)s[i]; }
@@ -432,8 +437,8 @@ INLINE int64_t pipeline_rows(const Pipeline *q, float *att, float *generated, co
         total_o[position] = (kl_o != NULL ? kl_o[position] : 0.0f) + score;
         q->dropped_out[b] = (uint8_t)(mask_o[position] == 0.0f && !zeroed);
         const int64_t last_valid = seqlen - 1 < 0 ? 0 : seqlen - 1;
+        q->bootstrap_out[b] = v[last_valid];   /* as align_batch: before truncation */
         const float boot = v[last_valid] * (float)truncated;
-        q->bootstrap_out[b] = boot;
 
         gae_row_f32(T, total_o, v, mask_o, boot, q->g, q->coef, q->adv_out + row,
                     q->ret_out + row);

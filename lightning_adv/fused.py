@@ -155,6 +155,10 @@ def _decide_checks(batch: Mapping[str, Any], failed: frozenset[str], aligned_mas
             _report_non_finite(key, batch[key])
     if "masks" in failed:
         _explain_mask_error(batch["attention_mask"], batch["loss_mask"])
+        # (the two checks are the same rules; a disagreement must not pass silently)
+        raise ValueError("rollout batch: attention_mask/loss_mask break a mask rule of "
+                         "SPEC §1 (0/1 values, right padding, generated tokens attended, "
+                         "column 0 not generated) that the exact check could not name")
     if "logprobs_above" in failed:
         _check_logp_range("logprobs", batch["logprobs"], batch["loss_mask"], "raise")
     if "ref_logp_above" in failed:

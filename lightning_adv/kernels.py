@@ -8,6 +8,11 @@ Conventions shared by both kernels:
   for rows that ended with EOS (only truncated rows bootstrap).
 * ``gae_lambda`` is a float or a [B] tensor (per-row lambda).
 * Outputs have the inputs' floating dtype (at least float32), as the reference loops.
+* ``rewards`` and ``values`` must be finite, inactive positions included
+  (:class:`~lightning_adv.AdvantageModule` checks this before calling them). The kernels
+  do not check it: a NaN or infinity at an inactive position reaches the outputs on the
+  torch path and in the reference loops (they multiply by the mask), and is never read
+  by the C loops.
 
 Where they run
 --------------

@@ -32,11 +32,11 @@ from torch import Tensor
 
 #: Must equal ``LA_ABI_VERSION`` in ``_native.c``: a library built from another version of
 #: the C file (an editable install not rebuilt since it changed) is not used.
-ABI_VERSION = 3
+ABI_VERSION = 4
 #: Mask dtypes the loops read directly (``MASK_*`` in ``_native.c``); others go through
 #: torch.
-MASK_KINDS = {torch.bool: 0, torch.uint8: 0, torch.int32: 1, torch.int64: 2,
-              torch.float32: 3, torch.float64: 4}
+MASK_KINDS = {torch.uint8: 0, torch.int32: 1, torch.int64: 2, torch.float32: 3,
+              torch.float64: 4, torch.bool: 5}
 KL_ESTIMATORS = {None: 0, "k1": 1, "k2": 2, "k3": 3}
 #: Where every tensor the loops write is allocated (whatever torch's default device is).
 CPU = torch.device("cpu")
@@ -232,10 +232,18 @@ def token_pipeline(attention: Tensor, loss: Tensor, logprobs: Tensor, ref_logp: 
                            bootstrap, failed)
 
 
+def _check_same_shape(x: Tensor, mask: Tensor) -> None:
+    if mask.shape != x.shape or x.ndim != 2:
+        raise ValueError(f"lightning_adv native normalization: mask of shape "
+                         f"{tuple(mask.shape)} for advantages of shape {tuple(x.shape)}; "
+                         f"expected both [B, T] and equal")
+
+
 def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, float]:
     """Per row of float32 ``x`` over float32 0/1 ``mask``: ``[B, 3]`` float64 (count, sum
     and sum of squares of ``x - shift`` at the masked positions), and ``shift`` (the batch's
     first masked value). See :func:`lightning_adv.normalization._normalize_tokens_native`."""
+    _check_same_shape(x, mask)
     bs, width = x.shape
     moments = torch.empty((bs, 3), dtype=torch.float64, device=CPU)
     shift = ctypes.c_double()
@@ -247,6 +255,7 @@ def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, float]:
 def masked_affine(x: Tensor, mask: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     """``(x·mask - shift·mask) / scale`` with per-row float32 ``shift`` and ``scale``
     ([B]), as a new float32 tensor: the float32 operations of the torch normalization."""
+    _check_same_shape(x, mask)
     bs, width = x.shape
     out = torch.empty((bs, width), dtype=torch.float32, device=CPU)
     _LIB.la_masked_affine(bs, width, x.data_ptr(), mask.data_ptr(), shift.data_ptr(),

@@ -220,19 +220,22 @@ def _normalize_tokens(x: Tensor, config: NormConfig, mask: Tensor,
     """:func:`normalize` of float32 ``[B, T]`` advantages over a 0/1 mask (no leave-one-out),
     in five passes instead of fourteen float64 ones.
 
-    The row sums of ``x·mask`` and of its squared deviations are float32 reductions
-    (pairwise summation: about ``log2(T)·eps`` relative error per row), combined per group
-    or batch in float64; the elementwise steps run in float32 in the output buffer. The
-    result agrees with the float64 formula of :func:`affine_parameters` to a few float32
+    The row sums of ``x·mask`` are float64 reductions, those of its squared deviations
+    float32 ones (pairwise summation: about ``log2(T)·eps`` relative error per row), both
+    combined per group or batch in float64; the elementwise steps run in float32 in the
+    output buffer. The result agrees with the float64 formula of :func:`affine_parameters` to a few float32
     ulps of ``(x - mean) / std``.
     """
-    if native.runs_on(x, mask):
+    if native.runs_on(x, mask) and mask.shape == x.shape:  # (the loops read B·T of each)
         return _normalize_tokens_native(x.contiguous(), config, mask.contiguous(), group_sizes,
                                         member_counts)
     rows = x.shape[0]
     out = torch.mul(x, mask)                                     # x·mask, then deviations
-    # (float32 sums, then float64: a dtype argument would convert [B, T] first)
-    row_sums, row_counts = out.sum(dim=1).double(), mask.sum(dim=1).double()
+    # The row sums in float64, as the native pass sums them: when every masked value is
+    # the same (the std 0), the mean is then that value exactly and every output exactly
+    # 0, where float32 sums leave a rounding error that 1/eps turns into ~1e-2.
+    row_sums = out.sum(dim=1, dtype=torch.float64)
+    row_counts = mask.sum(dim=1).double()
     groups = None
     if "group" in (config.mean_level, config.std_level):
         groups = _group_index(tuple(group_slices(rows, group_sizes, config.group_size)),
@@ -271,13 +274,14 @@ def _normalize_tokens_native(x: Tensor, config: NormConfig, mask: Tensor,
     rows = x.shape[0]
     moments, shift = native.masked_moments(x, mask)
     count, s1, s2 = (float(v) for v in moments.sum(dim=0).tolist())
-    # This rank's mean and squared deviations, merged across ranks as (count, count·mean),
-    # then the deviations from the merged mean (Chan et al.'s pairwise update).
+    # This rank's mean and squared deviations, merged across ranks as (count·mean, count),
+    # the torch path's order, then the deviations from the merged mean (Chan et al.'s
+    # pairwise update).
     mean = shift + s1 / count if count else 0.0
     sq = max(s2 - s1 * s1 / count, 0.0) if count else 0.0   # (rounding could go below 0)
     if config.mean_level == "batch":
-        total_count, total = all_reduce_sum(torch.tensor(
-            [count, count * mean], dtype=torch.float64, device=x.device)).tolist()
+        total, total_count = all_reduce_sum(torch.tensor(
+            [count * mean, count], dtype=torch.float64, device=x.device)).tolist()
         if total_count == 0:  # (a global count: every rank returns here)
             return x.float()
         center_g = total / total_count          # every group's centre
@@ -414,16 +418,19 @@ def rollout_references(outcome: OutcomeResult, task_rewards: Tensor, meta: Batch
             f"rollout, before bias/scaling/clip)")
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     if index.one_row_each and not index.any_explicit:
-        return rewards.to(dtype), member  # each row is its own reference: nothing to compare
-    references = rewards[starts].to(dtype)
-    if index.any_explicit:
-        references = torch.where(supplied, index.explicit_rewards.to(dtype), references)
-    agree = rewards.to(dtype) == references[member]
-    if compare_task_rewards:
-        agree &= task_rewards == task_rewards[starts][member]
-    disagree = ~agree if not index.any_explicit else ~supplied[member] & ~agree
-    if any_across_ranks(bool(disagree.any()), device):
-        rows = disagree.nonzero().flatten().tolist()
+        # Each row is its own reference: nothing to compare here, but the other ranks'
+        # agreement is still joined (a collective every rank must call).
+        references, disagree = rewards.to(dtype), None
+    else:
+        references = rewards[starts].to(dtype)
+        if index.any_explicit:
+            references = torch.where(supplied, index.explicit_rewards.to(dtype), references)
+        agree = rewards.to(dtype) == references[member]
+        if compare_task_rewards:
+            agree &= task_rewards == task_rewards[starts][member]
+        disagree = ~agree if not index.any_explicit else ~supplied[member] & ~agree
+    if any_across_ranks(disagree is not None and bool(disagree.any()), device):
+        rows = [] if disagree is None else disagree.nonzero().flatten().tolist()
         where = (f"rows {rows[:10]}" if rows
                  else "rows on another data-parallel rank (none here)")
         raise ValueError(

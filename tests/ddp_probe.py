@@ -16,15 +16,16 @@ from lightning_adv import ActorConfig, AdvantageModule, RolloutGroup, concat_bat
 
 
 def prompt_groups(seed: int = 0, n_prompts: int = 4,
-                  broken: tuple[int, str] | None = None) -> list[dict]:
+                  broken: list[tuple[int, str]] = ()) -> list[dict]:
     """Prompt groups of different sizes and widths, some split into logical rollouts.
 
-    ``broken = (prompt, kind)`` spoils one prompt: ``split_rows`` drops its explicit
-    reference and gives the two rows of its split rollout different rewards (invalid under
-    reward normalization); ``tool_tail`` makes its first row end with a non-generated
-    token; ``process_range`` puts a process reward of 1.5 on a generated token.
+    Each ``(prompt, kind)`` of ``broken`` changes one prompt: ``split_rows`` drops its
+    explicit reference and gives the two rows of its split rollout different rewards
+    (invalid under reward normalization); ``tool_tail`` makes its first row end with a
+    non-generated token; ``process_range`` puts a process reward of 1.5 on a generated
+    token; ``one_row`` makes every row its own logical rollout (no split, no reference).
     """
-    broken_prompt, kind = broken if broken is not None else (None, None)
+    broken = set(broken)
     g = torch.Generator().manual_seed(seed)
     groups = []
     for p in range(n_prompts):
@@ -39,17 +40,18 @@ def prompt_groups(seed: int = 0, n_prompts: int = 4,
             loss[r, prompt_len:length] = 1
         rewards = torch.randint(0, 3, (rows,), generator=g).float()
         group = None
-        if p % 2 == 1:  # two rows of one logical rollout with an explicit reference
-            reference = None if (p, kind) == (broken_prompt, "split_rows") else 0.5
+        if p % 2 == 1 and (p, "one_row") not in broken:
+            # two rows of one logical rollout with an explicit reference
+            reference = None if (p, "split_rows") in broken else 0.5
             group = RolloutGroup((2,) + (1,) * (rows - 2), (reference,) + (None,) * (rows - 2))
-            if (p, kind) == (broken_prompt, "split_rows"):
+            if (p, "split_rows") in broken:
                 rewards[1] = rewards[0] + 1
-        if (p, kind) == (broken_prompt, "tool_tail"):
+        if (p, "tool_tail") in broken:
             last = int(attention[0].sum()) - 1
             loss[0, last] = 0
             loss[0, prompt_len] = 1
         token_rewards = torch.rand(rows, width, generator=g) * loss
-        if (p, kind) == (broken_prompt, "process_range"):
+        if (p, "process_range") in broken:
             token_rewards[0, prompt_len] = 1.5
             loss[0, prompt_len] = 1
         groups.append({
@@ -78,7 +80,7 @@ class AdvantageProbe(L.LightningModule):
     """Rank r takes prompt groups [r * k, (r + 1) * k) of the global batch."""
 
     def __init__(self, configs: dict, out_dir: str, n_prompts: int = 4,
-                 broken: dict[str, tuple[int, str]] | None = None):
+                 broken: dict[str, list[tuple[int, str]]] | None = None):
         super().__init__()
         self.configs = configs
         self.broken = broken or {}
@@ -95,7 +97,7 @@ class AdvantageProbe(L.LightningModule):
         mine = slice(self.global_rank * per_rank, (self.global_rank + 1) * per_rank)
         results = {}
         for name, config in self.configs.items():
-            groups = prompt_groups(n_prompts=self.n_prompts, broken=self.broken.get(name))
+            groups = prompt_groups(n_prompts=self.n_prompts, broken=self.broken.get(name, ()))
             try:
                 results[name] = advantages(ActorConfig(**config), groups[mine])
             except (ValueError, RuntimeError) as exc:

@@ -2,8 +2,11 @@
 rank's advantages equal a single process holding the global batch; group statistics stay
 on their rank."""
 
+from datetime import timedelta
+
 import torch
 import lightning as L
+from lightning.pytorch.strategies import DDPStrategy
 import pytest
 
 from ddp_probe import AdvantageProbe, advantages, prompt_groups
@@ -26,29 +29,43 @@ CONFIGS = {
     "grpo_batch_std": RECIPES["grpo_batch_std"],
     "rloo_kl": RECIPES["rloo_kl"],
     "split_rows_disagree": {"reward_norm": {"mean_level": "batch", "std_level": "batch"}},
+    # Rank 0 holds only one-row rollouts (nothing of its own to compare), rank 1 split
+    # ones: both must still join the agreement check.
+    "one_row_rollouts_on_rank0": {"reward_norm": {"mean_level": "group", "std_level": "group"},
+                                  "adv_norm": {"mean_level": "batch", "std_level": "batch"}},
+    "split_rows_disagree_beside_one_row_rank": {"reward_norm": {"mean_level": "batch",
+                                                                "std_level": "batch"}},
     # Errors raised on one rank only, before and after the collectives.
     "dropped_reward_on_rank0": {"dropped_outcome_reward": "raise",
                                 "adv_norm": {"mean_level": "batch", "std_level": "batch"}},
     "process_range_on_rank1": {"adv_norm": {"mean_level": "batch", "std_level": "batch"},
                                "advantage": {"process_adv_shaping": "process_weighted"}},
 }
-BROKEN = {"split_rows_disagree": (3, "split_rows"), "dropped_reward_on_rank0": (0, "tool_tail"),
-          "process_range_on_rank1": (2, "process_range")}
+SPOILED = {"split_rows_disagree": [(3, "split_rows")],
+           "dropped_reward_on_rank0": [(0, "tool_tail")],
+           "process_range_on_rank1": [(2, "process_range")],
+           "one_row_rollouts_on_rank0": [(1, "one_row")],
+           "split_rows_disagree_beside_one_row_rank": [(1, "one_row"), (3, "split_rows")]}
+FAILING = {"split_rows_disagree", "dropped_reward_on_rank0", "process_range_on_rank1",
+           "split_rows_disagree_beside_one_row_rank"}
 
 
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    trainer = L.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=1,
+    # A short collective timeout: ranks that disagree on which collectives they call
+    # fail this fixture in two minutes instead of hanging for Lightning's thirty.
+    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=120))
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    trainer.fit(AdvantageProbe(CONFIGS, str(out), broken=BROKEN))
+    trainer.fit(AdvantageProbe(CONFIGS, str(out), broken=SPOILED))
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in BROKEN])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in FAILING])
 def test_two_ranks_match_a_single_process(ddp_results, name):
-    single = advantages(ActorConfig(**CONFIGS[name]), prompt_groups())
+    single = advantages(ActorConfig(**CONFIGS[name]), prompt_groups(broken=SPOILED.get(name, ())))
     rows0 = ddp_results[0][name]["rewards"].shape[0]
     for rank, rows in ((0, slice(0, rows0)), (1, slice(rows0, None))):
         for key, want in single.items():
@@ -66,6 +83,14 @@ def test_a_bad_batch_on_one_rank_raises_on_every_rank(ddp_results):
     # must raise together (a lone raise would leave the other rank hanging in a collective).
     for rank in range(2):
         assert "split rollout" in ddp_results[rank]["split_rows_disagree"]["error"], rank
+
+
+def test_a_rank_with_only_one_row_rollouts_still_joins_the_agreement(ddp_results):
+    # Rank 0 has nothing to compare (every rollout one row); it must still take part in
+    # the check, and raise with rank 1 when rank 1's split rollout disagrees.
+    name = "split_rows_disagree_beside_one_row_rank"
+    assert "rows on another data-parallel rank" in ddp_results[0][name]["error"]
+    assert "rows [" in ddp_results[1][name]["error"]
 
 
 @pytest.mark.parametrize("name, failing_rank, message", [

@@ -143,6 +143,20 @@ def test_token_normalization_matches_the_float64_formula(path, groups, width, me
 
 
 @pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("level", ["batch", "group"])
+@pytest.mark.parametrize("value", [-1.5125, 0.1, 3.0e4])
+def test_token_normalization_of_equal_values_is_exactly_zero(path, level, value):
+    # std 0: (x - mean) / eps, so the mean must be the value exactly (a float32 sum's
+    # rounding error would come out multiplied by 1/eps = 1e5)
+    mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0]).repeat(4, 1)  # 3 a row
+    x = torch.where(mask > 0, value, torch.randn(4, 7))
+    with kernel_path(path):
+        out = normalization.normalize(x, NormConfig(mean_level=level, std_level=level), mask,
+                                      [2, 2], [2, 2])
+    assert torch.equal(out, torch.zeros(4, 7)), out
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
 @pytest.mark.parametrize("mean_level", ["batch", "group", None])
 def test_token_normalization_of_an_empty_mask_returns_the_input(path, mean_level):
     x = torch.randn(3, 5)

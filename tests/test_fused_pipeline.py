@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_adv import AdvantageConfig, AdvantageModule, fused, native
+from lightning_adv import AdvantageConfig, AdvantageModule, compute_token_gae, fused, native
 from lightning_adv.bench import module_configs, realistic_inputs
 from tests.strategies import RolloutCase, rollout_cases
 from tests.test_fused_paths import mask_pairs
@@ -133,6 +133,62 @@ def test_benchmarked_configs_take_the_fused_pass(name):
     with native.disabled():
         want = module(x.batch, x.meta)
     assert_same(got, want)
+
+
+def aligned_of_one_call(module, batch, meta):
+    """The AlignedBatch of steps 4-8 in one call of ``module``."""
+    seen = []
+
+    def recording(*args):
+        aligned, temporal = AdvantageModule.align_and_estimate(module, *args)
+        seen.append(aligned)
+        return aligned, temporal
+
+    module.align_and_estimate = recording
+    module(batch, meta)
+    return seen[0]
+
+
+@pytest.mark.parametrize("truncated", [False, True])
+def test_the_fused_aligned_batch_is_the_torch_one(truncated):
+    # A subclass reading the aligned batch sees the same fields on both paths (the
+    # bootstrap values before truncation zeroes them, as align_batch gives them).
+    x = realistic_inputs(8, 48, torch.device("cpu"))
+    batch = {**x.batch, "is_truncated": torch.full((8,), truncated)}
+    config = module_configs()["ppo.yaml"]
+    got = aligned_of_one_call(AdvantageModule(config), batch, x.meta)
+    with native.disabled():
+        want = aligned_of_one_call(AdvantageModule(config), batch, x.meta)
+    assert got.facts.values_checked and want.facts.values_checked
+    for field in dataclasses.fields(want):
+        value = getattr(want, field.name)
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(getattr(got, field.name), value, msg=field.name)
+        elif field.name != "facts":
+            assert getattr(got, field.name) is value is None, field.name
+    assert bool(want.bootstrap_values.ne(0).all())
+
+
+def test_bool_masks_read_any_nonzero_byte_as_true():
+    # torch reads a bool byte other than 0 and 1 (a uint8 tensor viewed as bool) as
+    # true; the loops do the same instead of calling it a bad mask value.
+    x = realistic_inputs(8, 48, torch.device("cpu"))
+    att, loss = x.batch["attention_mask"].bool(), x.batch["loss_mask"].bool()
+    odd = {**x.batch, "attention_mask": (att.to(torch.uint8) * 2).view(torch.bool),
+           "loss_mask": (loss.to(torch.uint8) * 7).view(torch.bool)}
+    plain = {**x.batch, "attention_mask": att, "loss_mask": loss}
+    module = AdvantageModule(module_configs()["ppo.yaml"])
+    assert fused.takes(odd, module._fused_plan)
+    assert_same(module(odd, x.meta), module(plain, x.meta))
+    rewards, values = torch.randn(8, 48), torch.randn(8, 48)
+    for mask in (odd["loss_mask"], plain["loss_mask"]):
+        got = compute_token_gae(rewards, values, mask, bootstrap_values=torch.zeros(8),
+                                discount=1.0, gae_lambda=0.95)
+        with native.disabled():
+            want = compute_token_gae(rewards, values, plain["loss_mask"],
+                                     bootstrap_values=torch.zeros(8), discount=1.0,
+                                     gae_lambda=0.95)
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
 
 
 class OwnEstimate(AdvantageModule):

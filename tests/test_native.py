@@ -111,3 +111,22 @@ def test_which_tensors_the_turn_loop_takes(monkeypatch):
                                                       r"loss tokens must be non-decreasing "
                                                       r"along each row \(rows \[0\]\)"):
             run(decreasing)
+
+
+def test_normalization_with_a_mask_of_another_shape_takes_the_torch_steps():
+    # The loops read B·T mask entries; a broadcastable [1, T] mask goes to the torch steps,
+    # and the loops' own entry points refuse it instead of reading past it.
+    from lightning_adv.config import NormConfig
+    from lightning_adv.normalization import normalize
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(16) < 11).float()[None, :]
+    config = NormConfig(mean_level="batch", std_level="batch")
+    got = normalize(x, config, mask)
+    with native.disabled():
+        want = normalize(x, config, mask)
+    torch.testing.assert_close(got, want)
+    assert got[:, 11:].abs().sum() == 0 and got[:, :11].abs().sum() > 0
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 16\) for advantages of shape"):
+        native.masked_moments(x, mask)
+    with pytest.raises(ValueError, match="expected both"):
+        native.masked_affine(x, mask, torch.zeros(8), torch.ones(8))
