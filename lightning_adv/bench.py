@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lightning_adv import (
     ActorConfig, AdvantageModule, GAELambdaContext, compute_token_gae, compute_turn_gae,
     concat_batch, native, vapo_length_adaptive_gae)
-from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
+from lightning_adv.testing.reference_gae import token_gae_loop, turn_gae_loop, turn_gae_per_row
 from lightning_adv.openmp import wait_policy_note
 from lightning_adv.recipes import recipe
 from lightning_adv.workspace import Workspace

@@ -19,13 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_adv.exceptions import PeerRankFailed
+
 
 #: inside :func:`contributing_nothing`: this rank's collectives carry neutral elements
 _SILENT = contextvars.ContextVar("lightning_adv_contributing_nothing", default=False)
-
-
-class PeerRankFailed(RuntimeError):
-    """Another data-parallel rank failed while computing advantages (its error says why)."""
 
 
 def distributed() -> bool:

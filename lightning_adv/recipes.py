@@ -1,144 +1,29 @@
-"""Estimators from other frameworks, expressed through the pipeline's stages.
-
-Each recipe is a set of ``ActorConfig`` fields. This module is the one source:
-``configs/advantage/<name>.yaml`` are generated from it (``python -m lightning_adv.recipes
---write configs/advantage``), and a test keeps them in step. Three ways to use one:
-
-- ``lightning_adv.recipes.recipe(name, **overrides)`` in Python;
-- ``model.actor.recipe: name`` in a trainer config: the recipe supplies every actor field
-  left at its ``ActorConfig`` default; a field set to another value overrides the recipe
-  (a ``RecipeOverrideWarning`` names each one). The stage tree counts stage by stage
-  (``advantage.process_adv_shaping: gvpo`` keeps the recipe's estimator). A field set to
-  its default value cannot be told from one left unset, so it takes the recipe's value;
-- ``--model.actor=configs/advantage/<name>.yaml``: the files set every field, so they
-  replace a config's whole actor section; flags after it override single fields.
-In the formulas, ``r`` is a row's outcome reward, ``g`` its prompt group, ``G_t`` the
-discounted return-to-go from token ``t``. Critic-free recipes leave ``values`` out of the
-batch, so every generated token of a row gets the row's advantage (gamma = lambda = 1).
-
-| recipe | advantage of every token of row i | source |
-|---|---|---|
-| grpo | (r_i - mean_g r) / (std_g r + eps) | Shao et al., 2024, DeepSeekMath, arXiv:2402.03300 |
-| dr_grpo | r_i - mean_g r | Liu et al., 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783 |
-| rloo | r_i - mean of the other logical rollouts of g | Ahmadian et al., 2024, Back to Basics, arXiv:2402.14740 |
-| reinforce_pp | whiten_batch(G_t), KL penalty in the token rewards | Hu, 2025, REINFORCE++, arXiv:2501.03262 |
-| reinforce_pp_baseline | whiten_batch(G_t) with r_i - mean_g r as outcome | Hu, 2025, REINFORCE++, arXiv:2501.03262 |
-| opo | r_i - sum_g(l_j r_j) / sum_g(l_j), l = response length | Hao et al., 2025, OPO, arXiv:2505.23585 |
-| gpg | B / (B - M) * (r_i - mean_g r), M responses of all-equal groups | Chu et al., 2025, GPG, arXiv:2504.02546 |
-| grpo_passk | best response of g: (r_max - r_second) / (std_g r + eps), others 0 | verl grpo_passk |
-| gdpo | whiten_batch(sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps)) | GDPO, arXiv:2601.05242 |
-| grpo_batch_std | (r_i - mean_g r) / (std_batch r + eps) | TRL scale_rewards="batch" |
-| rloo_kl | RLOO of r_i - beta * sum_t (logprobs_t - ref_logp_t) | TRL RLOOTrainer |
-| remax | G_t - b_i, b_i a greedy response's reward | Li et al., 2024, ReMax, arXiv:2310.10505 |
-| optimal_token_baseline | G_t - sum_g(G_t W_t) / sum_g(W_t), per response step | verl optimal_token_baseline |
-
-GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the
-loss, which is the trainer's business, not a reward penalty.
+"""Named recipes: the estimators of other frameworks (GRPO, RLOO, REINFORCE++, ...) as
+``ActorConfig`` fields. The table itself is :data:`RECIPES` (plain data, in
+:mod:`lightning_adv.config.recipe_table`, which documents every recipe's formula and
+source); this module builds configs from it and the text of
+``configs/advantage/<name>.yaml`` (``python scripts/write_recipe_configs.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-import sys
-import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from lightning_adv.config import STAGE_FIELDS, ActorConfig, AdvantageConfig, convert_field
-from lightning_adv.stages import builtin_names, builtin_stage
-from lightning_adv.validators import check_choice
+from lightning_adv._checks import check_choice
+from lightning_adv.config import ActorConfig
+from lightning_adv.config.recipe_table import RECIPES, SUMMARIES
 
-_GROUP_MEAN = {"mean_level": "group", "std_level": None}
-_BATCH_WHITENING = {"mean_level": "batch", "std_level": "batch"}
-_CRITIC_FREE = {"kl_ctl": 0.0, "discount": 1.0, "gae_lambda": 1.0}
-
-RECIPES: dict[str, dict[str, Any]] = {
-    "grpo": {**_CRITIC_FREE, "reward_norm": {"mean_level": "group", "std_level": "group"},
-             "advantage": {"estimator": {"implementation": "token_gae"}}},
-    "dr_grpo": {**_CRITIC_FREE, "reward_norm": dict(_GROUP_MEAN),
-                "advantage": {"estimator": {"implementation": "token_gae"}}},
-    "rloo": {**_CRITIC_FREE,
-             "reward_norm": {"mean_level": "group", "mean_leave1out": True, "std_level": None},
-             "advantage": {"estimator": {"implementation": "token_gae"}}},
-    "reinforce_pp": {"kl_ctl": 0.01, "discount": 1.0, "adv_norm": dict(_BATCH_WHITENING),
-                     "advantage": {"estimator": {"implementation": "reinforce"}}},
-    "reinforce_pp_baseline": {"kl_ctl": 0.01, "discount": 1.0, "reward_norm": dict(_GROUP_MEAN),
-                              "adv_norm": dict(_BATCH_WHITENING),
-                              "advantage": {"estimator": {"implementation": "reinforce"}}},
-    "opo": {**_CRITIC_FREE, "reward_clip": math.inf,
-            "advantage": {"outcome_reward_shaping": {"implementation": "opo_baseline"},
-                          "estimator": {"implementation": "token_gae"}}},
-    "gpg": {**_CRITIC_FREE, "reward_clip": math.inf,
-            "advantage": {"outcome_reward_shaping": {"implementation": "gpg"},
-                          "estimator": {"implementation": "token_gae"}}},
-    "grpo_passk": {**_CRITIC_FREE, "reward_clip": math.inf,
-                   "advantage": {"outcome_reward_shaping": {"implementation": "passk_baseline"},
-                                 "estimator": {"implementation": "token_gae"}}},
-    "gdpo": {**_CRITIC_FREE, "reward_clip": math.inf, "reward_aggregation": "normalize_then_sum",
-             "reward_norm": {"mean_level": "batch", "std_level": "batch", "eps": 1e-4},
-             "advantage": {"estimator": {"implementation": "token_gae"}}},
-    "grpo_batch_std": {**_CRITIC_FREE, "reward_clip": math.inf,
-                       "advantage": {"outcome_reward_shaping": {
-                           "implementation": "group_mean_batch_std"},
-                           "estimator": {"implementation": "token_gae"}}},
-    "rloo_kl": {**_CRITIC_FREE, "reward_clip": math.inf,
-                "reward_norm": {"mean_level": "group", "mean_leave1out": True, "std_level": None},
-                "advantage": {"outcome_reward_shaping": {"implementation": "sequence_kl",
-                                                         "kwargs": {"beta": 0.05}},
-                              "estimator": {"implementation": "token_gae"}}},
-    "remax": {"kl_ctl": 0.001, "discount": 1.0, "gae_lambda": 1.0, "reward_clip": math.inf,
-              "advantage": {"outcome_reward_shaping": {"implementation": "remax_baseline"},
-                            "estimator": {"implementation": "reinforce"}}},
-    "optimal_token_baseline": {**_CRITIC_FREE, "reward_clip": math.inf,
-                               "advantage": {"estimator": {"implementation": "optimal_token_baseline"}}},
-}
-
-
-#: One line per recipe: what it computes and its source (the header of its YAML).
-SUMMARIES: dict[str, str] = {
-    "dr_grpo":
-        "Dr. GRPO: group mean baseline, no std division (Liu et al., 2025, arXiv:2503.20783).",
-    "gpg":
-        "GPG: group-mean baseline rescaled by B/(B-M), M = responses of all-equal groups (Chu et al., 2025, arXiv:2504.02546).",
-    "grpo":
-        "GRPO: group mean/std normalized outcome reward on every token (Shao et al., 2024, arXiv:2402.03300).",
-    "opo":
-        "OPO: length-weighted group baseline sum(l*r)/sum(l) (Hao et al., 2025, arXiv:2505.23585).",
-    "reinforce_pp":
-        "REINFORCE++: discounted return-to-go with the token KL penalty in the rewards, whitened over the batch (Hu, 2025, arXiv:2501.03262).",
-    "reinforce_pp_baseline":
-        "REINFORCE++-baseline: group-mean reward baseline, then return-to-go whitened over the batch (Hu, 2025, arXiv:2501.03262).",
-    "rloo":
-        "RLOO: leave-one-out mean of the other logical rollouts of the prompt as baseline (Ahmadian et al., 2024, arXiv:2402.14740).",
-    "grpo_passk":
-        "Pass@k GRPO: only each group's best response gets (r_max - r_second)/(std + eps) (verl's grpo_passk).",
-    "gdpo":
-        "GDPO: each reward column normalized within its group, weighted sum, whitened over the batch (arXiv:2601.05242; TRL's normalize_then_sum).",
-    "grpo_batch_std":
-        "GRPO with batch scaling: group-mean baseline over the std of the whole batch's rewards (TRL's scale_rewards='batch', arXiv:2508.08221).",
-    "rloo_kl":
-        "RLOO with a sequence KL penalty: r - beta * sum(logprobs - ref_logp) before the leave-one-out baseline (TRL's RLOOTrainer).",
-    "remax":
-        "ReMax: the reward of one greedy response per prompt as baseline of the return-to-go (Li et al., 2024, arXiv:2310.10505).",
-    "optimal_token_baseline":
-        "Optimal token baseline: per-step group baseline weighted by the cumulative path variance (verl's optimal_token_baseline).",
-}
-
-
-class RecipeOverrideWarning(UserWarning):
-    """A field set in the config overrides the value of the named recipe (``actor.recipe``)."""
-
-
-def _check_name(name: Any, key: str = "recipe") -> None:
-    check_choice(key, name, tuple(RECIPES))
+__all__ = ["RECIPES", "SUMMARIES", "recipe", "recipe_fields", "recipe_yaml",
+           "write_recipe_files"]
 
 
 def recipe(name: str, **overrides: Any) -> ActorConfig:
     """The ``ActorConfig`` of a named recipe, with optional field overrides (each override
     wins, whatever its value)."""
-    _check_name(name)
+    check_choice("recipe", name, tuple(RECIPES))
     return ActorConfig(**{**copy.deepcopy(RECIPES[name]), **overrides})
 
 
@@ -150,67 +35,18 @@ def recipe_fields(name: str) -> dict[str, Any]:
     return fields
 
 
-def apply_recipe(config: ActorConfig, key: str = "actor.recipe") -> None:
-    """Fill ``config`` (being built: only from ``ActorConfig.__post_init__``) from its
-    ``recipe``: fields at their default take the recipe's value; other fields stay and,
-    where they differ from the recipe, are named in one :class:`RecipeOverrideWarning`."""
-    _check_name(config.recipe, key)
-    wanted, default = recipe(config.recipe), ActorConfig()
-    overrides = []
-    for f in dataclasses.fields(ActorConfig):
-        if f.name in ("recipe", "advantage"):
-            continue
-        given, own = getattr(config, f.name), getattr(wanted, f.name)
-        if given == getattr(default, f.name):
-            convert_field(config, f.name, own)
-        elif given != own:
-            overrides.append(f"{f.name}={_shown(given)!r} (recipe: {_shown(own)!r})")
-    stages = {}
-    for name in ("compute",) + STAGE_FIELDS:
-        given, own = getattr(config.advantage, name), getattr(wanted.advantage, name)
-        keep = given != getattr(default.advantage, name)
-        stages[name] = given if keep else own
-        if keep and given != own:
-            overrides.append(f"advantage.{name}={_shown(given)!r} (recipe: {_shown(own)!r})")
-    if stages["compute"].implementation != "default":  # a full replacement takes no stages
-        stages.update({name: None for name in STAGE_FIELDS})
-    convert_field(config, "advantage", AdvantageConfig(**stages))
-    if overrides:
-        warnings.warn(f"{key} {config.recipe!r}: the config overrides the recipe's "
-                      f"{'; '.join(overrides)}", RecipeOverrideWarning, stacklevel=4)
-
-
-def _shown(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-
-
-def critic_free_reason(config: ActorConfig) -> Optional[str]:
-    """Why ``config`` needs no critic, or None: a group-mean reward baseline, or a stage
-    registered with ``replaces_critic`` (its own baseline, or values ignored)."""
-    norm = config.reward_norm
-    if norm is not None and norm.mean_level == "group":
-        return "actor.reward_norm subtracts a group-mean baseline"
-    for family in STAGE_FIELDS:
-        spec = getattr(config.advantage, family)
-        if spec is None or spec.implementation not in builtin_names(family)[1:]:
-            continue
-        if builtin_stage(family, spec.implementation).replaces_critic:
-            return f"actor.advantage.{family} {spec.implementation!r} needs no critic"
-    return None
-
-
 def recipe_yaml(name: str) -> str:
     """The text of ``configs/advantage/<name>.yaml``: every field of the recipe."""
     import yaml  # PyYAML comes with jsonargparse
 
-    _check_name(name)
+    check_choice("recipe", name, tuple(RECIPES))
     body = yaml.safe_dump(recipe_fields(name), sort_keys=False, default_flow_style=False)
     return (f"# {SUMMARIES[name]}\n"
             f"# Every actor field is set, so --model.actor=configs/advantage/{name}.yaml replaces a\n"
             f"# config's whole actor section (model.actor.recipe: {name} fills only the fields left\n"
             f"# at their defaults); in Python: lightning_adv.recipes.recipe({name!r}).\n"
-            f"# Generated by `python -m lightning_adv.recipes --write configs/advantage`; edit "
-            f"lightning_adv/recipes.py instead.\n{body}")
+            f"# Generated by `python scripts/write_recipe_configs.py`; edit "
+            f"lightning_adv/config/recipe_table.py instead.\n{body}")
 
 
 def write_recipe_files(directory: Path) -> list[Path]:
@@ -222,20 +58,3 @@ def write_recipe_files(directory: Path) -> list[Path]:
         path.write_text(recipe_yaml(name))
         paths.append(path)
     return paths
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m lightning_adv.recipes --write DIR`` (the YAMLs) or ``NAME`` (print one)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) == 2 and args[0] == "--write":
-        for path in write_recipe_files(Path(args[1])):
-            print(path)
-    elif len(args) == 1 and args[0] in RECIPES:
-        print(recipe_yaml(args[0]), end="")
-    else:
-        raise SystemExit(f"usage: python -m lightning_adv.recipes --write DIR | NAME "
-                         f"(one of {', '.join(RECIPES)})")
-
-
-if __name__ == "__main__":
-    main()

@@ -30,13 +30,3 @@ def tiny_llama_no_pad(tmp_path_factory):
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny_llama") / "llama", arch="llama",
                          pad_token=False))
-
-
-@pytest.fixture
-def torch_kernels():
-    """The torch kernels for this test (as on CUDA, or without the native library): for
-    tests of the torch kernels' own internals (chunks, row blocks, workspaces)."""
-    from lightning_adv import native
-
-    with native.disabled():
-        yield

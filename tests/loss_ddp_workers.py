@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_adv import AdvantageMetrics, BatchMeta, PPOLoss
-from lightning_adv.ppo_loss import LOSS_AGG_MODES
+from lightning_adv.losses.ppo_loss import LOSS_AGG_MODES
 
 GROUP_SIZES = [2, 1, 3, 1]
 RANK_GROUPS = [slice(0, 1), slice(1, 4)]  # rank 0 one group (2 rows), rank 1 three (5 rows)

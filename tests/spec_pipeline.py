@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from lightning_adv.config import ActorConfig, NormConfig, PRMAdvantageShapingConfig
-from lightning_adv.meta import BatchMeta
+from lightning_adv.batch.grouping import BatchMeta
 
 
 class SpecError(ValueError):
@@ -221,7 +221,7 @@ def row_lambdas(config: ActorConfig, token_lengths: list, turn_counts: list,
                 raise SpecError(f"gae_lambda function {lam} returned a value outside [0, 1]")
             return values
     # A user's own lambda function: call it with the documented context.
-    from lightning_adv.lambdas import GAELambdaContext
+    from lightning_adv.stages.gae_lambda import GAELambdaContext
     fn = getattr(importlib.import_module(module_name), fn_name)
     context = GAELambdaContext(
         effective_token_lengths=torch.tensor(token_lengths, dtype=torch.int64),

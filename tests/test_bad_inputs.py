@@ -18,9 +18,8 @@ import torch
 
 from batches import rows_batch
 from lightning_adv import (
-    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, IgnoredSettingWarning,
-    LogProbRangeWarning, MissingRefLogpWarning, NormConfig, PRMAdvantageShapingConfig,
-    RolloutGroup, SingletonGroupWarning, UnknownBatchKeyWarning, compute_token_gae, concat_batch)
+    ActorConfig, AdvantageContractError, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup, compute_token_gae, concat_batch)
+from lightning_adv.exceptions import IgnoredSettingWarning, LogProbRangeWarning, MissingRefLogpWarning, SingletonGroupWarning, UnknownBatchKeyWarning
 
 
 def good(**extra):

@@ -213,8 +213,11 @@ def test_module_repr_shows_the_pipeline():
 
 def test_one_registry_names_every_builtin():
     # One list of built-ins: the config accepts exactly the registered names (plus each
-    # family's selector), and a registered function is what the module runs.
-    from lightning_adv.stages import SELECTORS, builtin_names, builtin_stage
+    # family's selector), each names a function of that name whose keyword parameters
+    # are exactly the kwargs the table declares (the config checks kwargs by the table).
+    import inspect
+
+    from lightning_adv.stages.registry import SELECTORS, builtin_names, builtin_stage
     expected = {
         "compute": {"default"},
         "outcome_reward_shaping": {"auto", "identity", "opo_baseline", "gpg", "passk_baseline",
@@ -225,16 +228,18 @@ def test_one_registry_names_every_builtin():
     for family, names in expected.items():
         assert set(builtin_names(family)) == names, family
         for name in names - {SELECTORS[family]}:
-            assert builtin_stage(family, name).fn.__name__ == name
+            entry = builtin_stage(family, name)
+            assert entry.fn.__name__ == name
+            keywords = list(inspect.signature(entry.fn).parameters)[1:]
+            assert sorted(keywords) == sorted(entry.kwarg_checks), (family, name)
             spec = {"implementation": name}
             if family != "compute":
                 ActorConfig(advantage={family: spec})  # accepted by the config
 
 
-def test_registering_a_builtin_is_one_decorated_function():
-    from lightning_adv.stages import registry
-    from lightning_adv.stages.registry import register_stage
-    from lightning_adv.validators import positive_number
+def test_registering_a_named_stage_is_one_decorated_function():
+    from lightning_adv.stages.registry import register_stage, unregister_stage
+    from lightning_adv._checks import positive_number
 
     @register_stage("outcome_reward_shaping", kwarg_checks={"factor": positive_number})
     def scaled_for_test(inputs, *, factor: float = 1.0):
@@ -254,4 +259,4 @@ def test_registering_a_builtin_is_one_decorated_function():
         with pytest.raises(ValueError, match="does not take"):
             register_stage("estimator", kwarg_checks={"x": positive_number})(lambda inputs: inputs)
     finally:
-        del registry._REGISTRY["outcome_reward_shaping"]["scaled_for_test"]
+        unregister_stage("outcome_reward_shaping", "scaled_for_test")

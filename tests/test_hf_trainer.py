@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightning_adv import ActorConfig, AdvantageModule
 from lightning_adv.cli import main
-from lightning_adv.meta import concat_batch
+from lightning_adv.batch.grouping import concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from test_cli import SMALL, _plain_argv, scalars  # noqa: F401 (autouse fixture)
 from trainer_helpers import ddp_fit

@@ -1,32 +1,17 @@
-"""The fast GAE kernels against hand-computed numbers and against the reference loops.
-
-Every test runs twice: with the native CPU loop (lightning_adv.native) where it applies,
-and with the torch kernels (as on CUDA). Tests of the torch kernels' internals (chunks,
-row blocks) force the torch kernels."""
+"""The GAE ops against hand-computed numbers and against the reference loops, their
+torch.library registration (opcheck) and torch.compile."""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_adv import kernels, native
-from lightning_adv.kernels import compute_token_gae, compute_turn_gae, validate_turn_ids
-from lightning_adv.loops import token_gae_loop, turn_gae_loop, turn_gae_per_row
+from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae, validate_turn_ids
+from lightning_adv.testing.reference_gae import token_gae_loop, turn_gae_loop, turn_gae_per_row
 
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True, scope="module", params=["native", "torch"])
-def kernel_path(request):
-    """Each test of this module once per path (module scope: hypothesis tests may use it)."""
-    if request.param == "native" and not native.available():
-        pytest.fail(f"the native library is not in use: {native.STATUS}")
-    with contextlib.nullcontext() if request.param == "native" else native.disabled():
-        yield request.param
 
 
 def assert_close(got, want, tol=TOL):
@@ -248,27 +233,6 @@ def test_token_gae_matches_loop(b):
         assert_close(got, want)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches(max_rows=7), st.integers(1, 200))
-def test_token_gae_in_row_blocks_matches_loop(monkeypatch, torch_kernels, b, block_elements):
-    """Large CPU batches run in blocks of rows (a small block size here, so blocks of one
-    row, of several and a ragged last block all occur, with per-row λ split with them)."""
-    monkeypatch.setattr(kernels, "CPU_BLOCK_ELEMENTS", block_elements)
-    bs, width = b["rewards"].shape
-    rows = bs if bs * width <= block_elements else max(1, block_elements // width)
-    blocks = []  # the rows each call of the recurrence gets: the blocks really run
-    recurrence = kernels._masked_gae
-
-    def counted(rewards, *args, **kwargs):
-        blocks.append(rewards.shape[0])
-        return recurrence(rewards, *args, **kwargs)
-
-    monkeypatch.setattr(kernels, "_masked_gae", counted)
-    for got, want in zip(run_token(compute_token_gae, b), run_token(token_gae_loop, b)):
-        assert_close(got, want)
-    assert blocks == [min(rows, bs - start) for start in range(0, bs, rows)], (blocks, rows)
-
-
 @settings(max_examples=400, deadline=None)
 @given(batches())
 def test_turn_gae_matches_loops(b):
@@ -323,16 +287,12 @@ def test_long_float32_rows_match_exact_sums(b, discount):
 
 
 @pytest.mark.parametrize("gae_lambda", [
-    0.05,                                   # several chunks (chunk = 600 / |ln 0.05| = 200 steps)
-    1e-6,                                   # below MIN_CHUNKED_COEF: exact log-depth scan
-    torch.tensor([0.05, 0.0, 1e-6, 1.0]),   # per row: chunked, closed form, exact scan, sums
-    torch.tensor([1.2, -0.5, 0.9, 0.99]),   # out of [0, 1]: the exact scan's signed powers
-    -0.5,                                   # a negative float λ: chunked, signed powers
+    0.05, 1e-6, 0.0, 1.0,
+    torch.tensor([0.05, 0.0, 1e-6, 1.0]),   # per row, the extremes side by side
 ])
-def test_scan_paths_match_loop(gae_lambda, monkeypatch, torch_kernels):
-    # The public kernels refuse λ outside [0, 1] (test_kernel_argument_values_are_checked);
-    # the scan itself is still exercised there, so the check is bypassed for this test.
-    monkeypatch.setattr(kernels, "check_kernel_arguments", lambda *args, **kwargs: None)
+def test_long_rows_and_extreme_lambdas_match_loop(gae_lambda):
+    """1,500 steps with γλ from 0 to 1: the doubling scan's products shrink to 0 without
+    overflowing, and every row agrees with the loop."""
     gen = torch.Generator().manual_seed(3)
     bs, width = 4, 1500
     mask = random_mask(gen, bs, width)
@@ -340,37 +300,68 @@ def test_scan_paths_match_loop(gae_lambda, monkeypatch, torch_kernels):
     rewards, values = torch.randn(bs, width, generator=gen), torch.randn(bs, width, generator=gen)
     args = (rewards.double(), values.double(), mask)
     lam = gae_lambda.double() if isinstance(gae_lambda, torch.Tensor) else gae_lambda
-    if isinstance(lam, torch.Tensor) and lam.max() > 1:
-        args = (args[0][:, :60], args[1][:, :60], args[2][:, :60])  # keep (1.2)**T finite
     kwargs = dict(bootstrap_values=torch.randn(bs, generator=gen).double(), discount=1.0,
                   gae_lambda=lam)
     for got, want in zip(compute_token_gae(*args, **kwargs), token_gae_loop(*args, **kwargs)):
         assert_close(got, want)
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 5000])
-def test_chunked_scan_agrees_with_the_loop_for_any_chunk_length(monkeypatch, torch_kernels,
-                                                                chunk):
-    """Force the chunk length: one step, odd lengths with padding, and a single chunk
-    must all give the loop's numbers (the carries between chunks included)."""
-    calls = []
-    original = kernels._chunked_scan
+def op_samples():
+    """Arguments of both ops as the public functions pass them (float32 and float64, a
+    per-row λ, an empty batch)."""
+    gen = torch.Generator().manual_seed(7)
+    samples = []
+    for dtype, bs, width in ((torch.float32, 3, 17), (torch.float64, 2, 5), (torch.float32, 0, 4)):
+        mask = random_mask(gen, bs, width).to(dtype) if bs else torch.zeros(bs, width, dtype=dtype)
+        ids = random_turn_ids(gen, mask.bool()) if bs else torch.zeros(bs, width, dtype=torch.long)
+        rewards = torch.randn(bs, width, generator=gen, dtype=dtype)
+        values = torch.randn(bs, width, generator=gen, dtype=dtype)
+        boot = torch.randn(bs, generator=gen, dtype=dtype)
+        lam = torch.rand(bs, generator=gen, dtype=torch.float64)
+        samples.append(((rewards, values, mask, boot, 0.9, lam, dtype),
+                        (rewards, values, mask, ids.long(), boot, 0.9, lam, dtype)))
+    return samples
 
-    def spy(deltas, counts, coef, _chunk, out_dtype):
-        calls.append(chunk)
-        return original(deltas, counts, coef, chunk, out_dtype)
 
-    monkeypatch.setattr(kernels, "_chunked_scan", spy)
-    gen = torch.Generator().manual_seed(5)
-    bs, width = 3, 300
-    mask = random_mask(gen, bs, width)
-    rewards, values = torch.randn(bs, width, generator=gen), torch.randn(bs, width, generator=gen)
-    args = (rewards.double(), values.double(), mask)
-    kwargs = dict(bootstrap_values=torch.randn(bs, generator=gen).double(), discount=0.9,
-                  gae_lambda=0.9)
-    for got, want in zip(compute_token_gae(*args, **kwargs), token_gae_loop(*args, **kwargs)):
-        assert_close(got, want)
-    assert calls, "the chunked scan did not run"
+@pytest.mark.parametrize("sample", op_samples())
+def test_ops_pass_opcheck(sample):
+    """The registrations (schema, fake implementations, no aliasing, dispatch under
+    torch.compile's AOT tracing) hold for both ops."""
+    token_args, turn_args = sample
+    torch.library.opcheck(torch.ops.lightning_adv.token_gae.default, token_args)
+    torch.library.opcheck(torch.ops.lightning_adv.turn_gae.default, turn_args)
+
+
+def test_compiled_full_graph_gives_the_eager_numbers():
+    """``compute_token_gae`` traces into one graph (its checks are static, the op opaque
+    with a fake implementation: no host sync breaks the graph) and computes the eager
+    numbers."""
+    gen = torch.Generator().manual_seed(11)
+    b = next_batch(gen, bs=4, width=33)
+
+    def advantages(rewards, values, mask, boot):
+        adv, ret = compute_token_gae(rewards, values, mask, bootstrap_values=boot,
+                                     discount=0.95, gae_lambda=0.9)
+        return adv * 2, ret
+
+    args = (b["rewards"], b["values"], b["loss_mask"].float(), b["bootstrap"])
+    compiled = torch.compile(advantages, fullgraph=True)  # inductor, as users compile
+    for got, want in zip(compiled(*args), advantages(*args)):
+        assert torch.equal(got, want)
+
+
+def test_compiled_turn_gae_gives_the_eager_numbers():
+    gen = torch.Generator().manual_seed(12)
+    b = next_batch(gen, bs=3, width=21)
+
+    def advantages(rewards, values, mask, ids, boot):
+        return compute_turn_gae(rewards, values, mask, ids, bootstrap_values=boot,
+                                discount=1.0, gae_lambda=0.8)
+
+    args = (b["rewards"], b["values"], b["loss_mask"].float(), b["turn_ids"], b["bootstrap"])
+    compiled = torch.compile(advantages, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(*args), advantages(*args)):
+        assert torch.equal(got, want)
 
 
 def test_inputs_are_not_modified():

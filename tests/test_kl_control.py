@@ -16,7 +16,7 @@ def test_fixed_controller_never_moves():
 
 
 def test_adaptive_update_by_hand():
-    ctl = AdaptiveKLController(init_kl_coef=0.1, target=6.0, horizon=10_000)
+    ctl = AdaptiveKLController(kl_coef=0.1, target=6.0, horizon=10_000)
     # 12 / 6 - 1 = 1, clipped to 0.2: 0.1 * (1 + 0.2 * 256 / 10000)
     assert ctl.update(12.0, n_steps=256) == pytest.approx(0.1 * 1.00512, rel=1e-15)
     # 5.7 / 6 - 1 = -0.05: times (1 - 0.05 * 100 / 10000)
@@ -72,7 +72,7 @@ def test_the_coefficient_is_saved_in_and_restored_from_a_lightning_checkpoint(tm
     assert first.kl_controller.value != 0.1
     path = tmp_path / "two_steps.ckpt"
     trainer.save_checkpoint(path)
-    saved = torch.load(path, weights_only=True)["state_dict"]["kl_controller.coef"]
+    saved = torch.load(path, weights_only=True)["state_dict"]["kl_controller.kl_coef"]
     assert saved.item() == first.kl_controller.value
     restored = ControlledModule.load_from_checkpoint(path)
     assert restored.kl_controller.value == first.kl_controller.value
@@ -90,7 +90,14 @@ def test_ppo_loss_reads_the_controllers_current_value():
     assert before == pytest.approx(0.1 * 0.25)
     ctl.update(1.0, n_steps=5)  # +20% * 5 / 10
     assert loss(lp, lp, zero, mask, ref_logprobs=ref)["loss"].item() == pytest.approx(0.11 * 0.25)
-    assert "kl_coef.coef" in loss.state_dict()
+    assert "kl_coef.kl_coef" in loss.state_dict()
+
+
+def test_a_state_dict_with_the_buffer_s_old_name_loads():
+    # Checkpoints written before the buffer was named kl_coef hold it as "coef".
+    ctl = AdaptiveKLController(0.1, target=1.0, horizon=10)
+    ctl.load_state_dict({"coef": torch.tensor(0.3, dtype=torch.float64)})
+    assert ctl.value == 0.3
 
 
 def test_config_builds_the_controller():
@@ -101,7 +108,7 @@ def test_config_builds_the_controller():
 
 @pytest.mark.parametrize("make,name", [
     (lambda: FixedKLController(-0.1), "kl_coef"),
-    (lambda: AdaptiveKLController(-1.0, 1.0, 1.0), "init_kl_coef"),
+    (lambda: AdaptiveKLController(-1.0, 1.0, 1.0), "kl_coef"),
     (lambda: AdaptiveKLController(0.1, 0.0, 1.0), "target"),
     (lambda: AdaptiveKLController(0.1, 1.0, -5), "horizon"),
     (lambda: AdaptiveKLController(0.1, 1.0, 5).update(float("nan")), "current_kl"),

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_adv import (
-    ActorConfig, AdvantageModule, BatchMeta, DroppedOutcomeRewardWarning, NormConfig,
-    PRMAdvantageShapingConfig, concat_batch)
+    ActorConfig, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, concat_batch)
+from lightning_adv.exceptions import DroppedOutcomeRewardWarning
 from tests.spec_compare import compare_outputs
 from tests.spec_pipeline import SpecError, spec_pipeline_advantages
 from tests.strategies import RolloutCase, divisors, rollout_cases, with_group_size

@@ -12,8 +12,8 @@ import torch
 
 from batches import rows_batch
 from lightning_adv import (
-    ActorConfig, AdvantageModule, BatchMeta, DroppedOutcomeRewardWarning, NormConfig,
-    PRMAdvantageShapingConfig, RolloutGroup, concat_batch)
+    ActorConfig, AdvantageModule, BatchMeta, NormConfig, PRMAdvantageShapingConfig, RolloutGroup, concat_batch)
+from lightning_adv.exceptions import DroppedOutcomeRewardWarning
 
 NO_KL = {"kl_ctl": 0.0}
 
@@ -366,11 +366,11 @@ def test_lambda_functions_see_the_estimators_timestep_lengths():
                      context.effective_token_lengths.tolist()))
         return torch.ones(context.timestep_lengths.shape)
 
-    import lightning_adv.lambdas as lambdas
+    import lightning_adv.stages.gae_lambda as lambdas
     lambdas.record_for_test = record
     try:
-        run(turn_batch(), gae_lambda="lightning_adv.lambdas.record_for_test")
-        run(turn_batch(), gae_lambda="lightning_adv.lambdas.record_for_test",
+        run(turn_batch(), gae_lambda="lightning_adv.stages.gae_lambda.record_for_test")
+        run(turn_batch(), gae_lambda="lightning_adv.stages.gae_lambda.record_for_test",
             advantage={"estimator": "turn_gae"})
     finally:
         del lambdas.record_for_test
@@ -413,12 +413,12 @@ def test_builtin_lambda_functions():
     (lambda n: torch.ones(n) if n == 4 else torch.full((n,), float("inf")), "non-finite"),
 ])
 def test_lambda_function_results_are_checked(returned, fragment):
-    import lightning_adv.lambdas as lambdas
+    import lightning_adv.stages.gae_lambda as lambdas
     lambdas.bad_for_test = lambda context: returned(context.timestep_lengths.shape[0])
     try:
         with pytest.raises(ValueError, match=fragment) as err:
-            run(rows_batch(["pgg."], [1.0]), gae_lambda="lightning_adv.lambdas.bad_for_test")
-        assert "actor.gae_lambda 'lightning_adv.lambdas.bad_for_test'" in str(err.value)
+            run(rows_batch(["pgg."], [1.0]), gae_lambda="lightning_adv.stages.gae_lambda.bad_for_test")
+        assert "actor.gae_lambda 'lightning_adv.stages.gae_lambda.bad_for_test'" in str(err.value)
     finally:
         del lambdas.bad_for_test
 

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings, strategies as st
 
 from lightning_adv import PPOLoss
-from lightning_adv.ppo_loss import LOSS_AGG_MODES, kl_estimate
+from lightning_adv.losses.ppo_loss import LOSS_AGG_MODES, kl_estimate
 
 import loss_ddp_workers as workers
 

@@ -3,7 +3,7 @@
 import pytest
 
 from lightning_adv import ActorConfig, AdvantageModule, PRMAdvantageShapingConfig
-from lightning_adv.prm import resolve_process_mode
+from lightning_adv.stages.process import resolve_process_mode
 
 
 def process_stage(**actor):

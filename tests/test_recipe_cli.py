@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from lightning_adv.cli import TRAINER_DEFAULTS, LightningAdvCLI, main
-from lightning_adv.recipes import RECIPES, RecipeOverrideWarning, recipe, recipe_fields
+from lightning_adv.recipes import RECIPES, recipe, recipe_fields
+from lightning_adv.exceptions import RecipeOverrideWarning
 from lightning_adv.trainer.ppo import PPOModule
 
 REPO = Path(__file__).resolve().parents[1]

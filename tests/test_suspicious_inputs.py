@@ -21,11 +21,12 @@ from batches import rows_batch
 from lightning_adv import (
     ActorConfig, AdvantageModule, BatchMeta, NormConfig, RolloutGroup, compute_token_gae,
     compute_turn_gae, concat_batch)
-from lightning_adv.batch_checks import LOGP_TOLERANCE, LogProbRangeWarning, UnknownBatchKeyWarning
-from lightning_adv.config import IgnoredSettingWarning
-from lightning_adv.kernels import check_kernel_arguments
-from lightning_adv.normalization import SingletonGroupWarning
-from lightning_adv.rewards import MissingRefLogpWarning
+from lightning_adv.batch.validation import LOGP_TOLERANCE
+from lightning_adv.exceptions import LogProbRangeWarning, UnknownBatchKeyWarning
+from lightning_adv.exceptions import IgnoredSettingWarning
+from lightning_adv.ops.gae import compute_token_gae as token_gae
+from lightning_adv.exceptions import SingletonGroupWarning
+from lightning_adv.exceptions import MissingRefLogpWarning
 
 GROUP = {"mean_level": "group", "std_level": "group"}
 NO_KL = {"kl_ctl": 0.0}
@@ -221,30 +222,30 @@ def test_positive_ref_and_prox_logp_warn_and_can_raise(key):
 # ------------------------------------------------------------------ lambda functions
 
 def _lambda_returning(values):
-    import lightning_adv.lambdas as lambdas
+    import lightning_adv.stages.gae_lambda as lambdas
 
     def fn(context):
         n = context.timestep_lengths.shape[0]
         return torch.full((n,), values) if n != 2 else torch.tensor([0.5, values])
     lambdas.out_of_range_for_test = fn
-    return "lightning_adv.lambdas.out_of_range_for_test"
+    return "lightning_adv.stages.gae_lambda.out_of_range_for_test"
 
 
 @pytest.mark.parametrize("value", [1.5, 1000.0, -0.5])
 def test_lambda_functions_outside_zero_one_are_refused(value):
     path = _lambda_returning(value)
     # The probe call at construction (4 rows) already sees it.
-    with pytest.raises(ValueError, match=r"actor\.gae_lambda 'lightning_adv\.lambdas\."
+    with pytest.raises(ValueError, match=r"actor\.gae_lambda 'lightning_adv\.stages\.gae_lambda\."
                                          r"out_of_range_for_test'.*outside \[0, 1\]"):
         AdvantageModule(ActorConfig(gae_lambda=path))
 
 
 def test_lambda_outside_zero_one_on_a_real_batch_names_the_rows():
-    import lightning_adv.lambdas as lambdas
+    import lightning_adv.stages.gae_lambda as lambdas
     # Fine on the probe (lengths 0, 1, 2, 7), above 1 for a row of three generated tokens.
     lambdas.long_rows_for_test = lambda context: torch.where(
         context.timestep_lengths == 3, 1.5, 0.5)
-    module = AdvantageModule(ActorConfig(gae_lambda="lightning_adv.lambdas.long_rows_for_test",
+    module = AdvantageModule(ActorConfig(gae_lambda="lightning_adv.stages.gae_lambda.long_rows_for_test",
                                          **NO_KL))
     with pytest.raises(ValueError, match=r"long_rows_for_test'.*outside \[0, 1\] \(rows \[1\]: \[1\.5\]\)"):
         module(two_rows())
@@ -294,7 +295,8 @@ def test_the_mask_check_refuses_exactly_the_masks_with_a_value_other_than_0_and_
     held = mask.double()[0].tolist()
     binary = all(v in (0.0, 1.0) for v in held)
     try:
-        check_kernel_arguments("k", mask, 1.0, 1.0)
+        zeros = torch.zeros(mask.shape)
+        token_gae(zeros, zeros, mask, bootstrap_values=zeros[:, 0], discount=1.0, gae_lambda=1.0)
         accepted = True
     except ValueError:
         accepted = False

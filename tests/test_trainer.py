@@ -242,6 +242,14 @@ def test_hparams_are_plain_and_rebuild_the_module():
     assert rebuilt.task_config == module.task_config
 
 
+def test_a_subclass_whose_forward_takes_no_kl_coef_is_refused_naming_the_fix():
+    from lightning_adv.trainer.ppo import build_advantage_module
+
+    with pytest.raises(ValueError, match=r"advantage_module: 'trainer_helpers\.OldForward"
+                                         r"AdvantageModule' overrides forward without .*kl_coef"):
+        build_advantage_module("trainer_helpers.OldForwardAdvantageModule", ActorConfig())
+
+
 def test_custom_advantage_module_class_path(tmp_path):
     import lightning.pytorch as pl
     from trainer_helpers import ScaledAdvantageModule
@@ -260,7 +268,8 @@ def test_custom_advantage_module_class_path(tmp_path):
 
 def test_importing_lightning_adv_stays_light():
     code = ("import sys, lightning_adv; assert 'lightning' not in sys.modules; "
-            "assert lightning_adv.PPOModule.__name__ == 'PPOModule'")
+            "import lightning_adv.trainer; "
+            "assert lightning_adv.trainer.PPOModule.__name__ == 'PPOModule'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from batches import rows_batch
 from lightning_adv import AdvantageModule, BatchMeta, concat_batch
-from lightning_adv.normalization import SingletonGroupWarning
+from lightning_adv.exceptions import SingletonGroupWarning
 from lightning_adv.recipes import recipe
 
 NAN = math.nan
@@ -127,7 +127,7 @@ def test_a_batch_sampled_once_per_prompt_is_still_a_singleton_config():
 
 
 def test_the_kept_meta_counts_what_each_prompt_lost():
-    from lightning_adv.unscorable import select_meta
+    from lightning_adv.advantage.unscorable_rows import select_meta
 
     _, meta = shrunk_batch("grpo")
     kept = select_meta(meta, torch.tensor([True] * 4 + [False, True, False, False, False]))

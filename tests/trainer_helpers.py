@@ -102,9 +102,9 @@ class ScaledAdvantageModule(AdvantageModule):
 
     calls = 0
 
-    def forward(self, batch, meta=None, *, prm=None):
+    def forward(self, batch, meta=None, *, prm=None, kl_coef=None):
         type(self).calls += 1
-        out = super().forward(batch, meta, prm=prm)
+        out = super().forward(batch, meta, prm=prm, kl_coef=kl_coef)
         out["advantages"] = out["advantages"] * 0.5
         return out
 
@@ -121,10 +121,10 @@ class RecordingAdvantageModule(AdvantageModule):
         keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
         return {k: out[k] for k in keep}
 
-    def forward(self, batch, meta=None, *, prm=None):
+    def forward(self, batch, meta=None, *, prm=None, kl_coef=None):
         import os
         import torch.distributed as dist
-        out = super().forward(batch, meta, prm=prm)
+        out = super().forward(batch, meta, prm=prm, kl_coef=kl_coef)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         torch.save(self.record(batch, meta, out),
                    os.path.join(os.environ["LIGHTNING_ADV_RECORD"], f"rank{rank}_call{self.calls}.pt"))
@@ -165,7 +165,7 @@ class BatchRecordingAdvantageModule(RecordingAdvantageModule):
     and its advantages."""
 
     def record(self, batch, meta, out):
-        from lightning_adv.meta import split_batch
+        from lightning_adv.batch.grouping import split_batch
 
         return {"inputs": split_batch({k: v.cpu() for k, v in batch.items()}, meta),
                 "advantages": out["advantages"].cpu(), "loss_mask": out["loss_mask"].cpu()}
@@ -174,3 +174,10 @@ class BatchRecordingAdvantageModule(RecordingAdvantageModule):
 def failing_estimator(inputs):
     """A user estimator with a bug of its own."""
     return 1 / 0
+
+
+class OldForwardAdvantageModule(AdvantageModule):
+    """A subclass written before forward took kl_coef."""
+
+    def forward(self, batch, meta=None, *, prm=None):
+        return super().forward(batch, meta, prm=prm)

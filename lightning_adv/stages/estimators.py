@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from lightning_adv.contracts import TemporalInputs, TemporalResult
-from lightning_adv.kernels import compute_token_gae, compute_turn_gae, turn_id_errors
-from lightning_adv.lambdas import compute_gae_lambda
-from lightning_adv.stages.registry import register_stage
-from lightning_adv.validators import positive_number
+from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae, turn_id_errors
+from lightning_adv.stages.gae_lambda import compute_gae_lambda
 
 
 def _with_process(rewards, inputs: TemporalInputs):
     return rewards if inputs.process_rewards is None else rewards + inputs.process_rewards
 
 
-@register_stage("estimator")
 def token_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated tokens. The KL penalty is part of each step's reward, so it is
     discounted inside the recursion and included in the critic's returns."""
@@ -27,7 +24,6 @@ def token_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages, returns, rewards)
 
 
-@register_stage("estimator")
 def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated turns. The token KL penalty is added to the actor's advantages
     after the recursion, undiscounted, and stays out of the critic's returns."""
@@ -42,7 +38,6 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
-@register_stage("estimator", replaces_critic=True)
 def reinforce(inputs: TemporalInputs) -> TemporalResult:
     """REINFORCE return-to-go over generated tokens, without a critic.
 
@@ -86,8 +81,6 @@ def _checked_sum_pi_squared(inputs: TemporalInputs, where: str) -> torch.Tensor:
     return torch.where(active, value, torch.zeros_like(value)).double()
 
 
-@register_stage("estimator", requires=("sum_pi_squared",), replaces_critic=True,
-                kwarg_checks={"eps": positive_number})
 def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> TemporalResult:
     """Optimal token baseline: ``A_t = G_t - B_t`` with one baseline per response step of
     each prompt group, ``B_t = sum_g(G_t W_t) / (sum_g W_t + eps)``.

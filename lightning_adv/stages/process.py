@@ -2,19 +2,28 @@
 
 Built-in modes return the advantages unchanged when the batch has no direct token
 rewards. Returns are never touched.
+
+The seed's call-time ``prm=`` argument (``module(batch, meta, prm=...)``) is resolved here
+too (:func:`resolve_process_mode`), by the design note's rules: an explicit
+``process_adv_shaping`` beats the call-time mode (``auto`` follows it, else
+``additive``); explicit ``gvpo`` kwargs override the call-time GVPO values key by key; a
+full replacement gets ``prm`` as is.
 """
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 from torch import Tensor
 
-from lightning_adv.contracts import ProcessAdvantageInputs
-from lightning_adv.stages.registry import register_stage
-from lightning_adv.validators import check_gvpo_kwargs, non_negative_number
+from lightning_adv.stages.types import ProcessAdvantageInputs
+from lightning_adv._checks import check_gvpo_kwargs
+from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig, check_process_mode
+from lightning_adv.config.options import PRM_MODES
+from lightning_adv.stages.resolve import Stage
 
 
-@register_stage("process_adv_shaping")
 def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     """``A + r`` (r is 0 off the loss mask)."""
     if inputs.token_rewards is None:
@@ -22,9 +31,6 @@ def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     return inputs.advantages + inputs.token_rewards
 
 
-@register_stage("process_adv_shaping", kwarg_checks={
-    "negative_scale": non_negative_number, "zero_penalty": non_negative_number,
-    "zero_eps": non_negative_number})
 def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
          zero_penalty: float = 0.4, zero_eps: float = 1e-6) -> Tensor:
     """Reshape failed tokens (active, process reward < 0): a negative advantage is scaled
@@ -42,7 +48,6 @@ def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
     return torch.where(failed, shaped, adv)
 
 
-@register_stage("process_adv_shaping")
 def process_weighted(inputs: ProcessAdvantageInputs) -> Tensor:
     """Weight by process rewards p in [0, 1] on active tokens: ``A >= 0 -> A * p``;
     ``A < 0 -> p`` if ``p > 0`` else ``A``."""
@@ -58,3 +63,26 @@ def process_weighted(inputs: ProcessAdvantageInputs) -> Tensor:
     shaped = torch.where(adv >= 0, adv * p, torch.where(p > 0, p, adv))
     return torch.where(active, shaped, adv)
 
+
+def resolve_process_mode(prm: Any, config: ActorConfig,
+                         stage: Optional[Stage]) -> Optional[tuple[str, dict[str, Any]]]:
+    """Check ``prm`` and return the built-in process mode and kwargs that run for it, or
+    None when no built-in runs (a user process stage, or a full replacement: ``stage``
+    None)."""
+    if prm is not None:
+        if not isinstance(prm, PRMAdvantageShapingConfig):
+            raise TypeError(f"prm: expected a PRMAdvantageShapingConfig or None, got "
+                            f"{type(prm).__name__}")
+        if prm.mode not in PRM_MODES:
+            raise ValueError(f"prm.mode: expected one of {', '.join(PRM_MODES)}, got {prm.mode!r}")
+    if stage is None or not stage.builtin:
+        return None
+    mode = stage.implementation
+    if mode == "auto":
+        if prm is not None:
+            check_process_mode("prm.mode", prm.mode, config)
+        mode = prm.mode if prm is not None else "additive"
+    if mode != "gvpo":
+        return mode, {}
+    legacy = prm if prm is not None else PRMAdvantageShapingConfig()
+    return mode, {**legacy.gvpo_kwargs(), **stage.kwargs}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_adv.validators import check_bool, check_int
+from lightning_adv._checks import check_bool, check_int
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics import MeanMetric
 
 from lightning_adv.trainer.callbacks import free_path
-from lightning_adv.validators import check_int, check_number, fail
+from lightning_adv._checks import check_int, check_number, fail
 
 STAGES = ("val", "test")
 

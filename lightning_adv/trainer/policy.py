@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_adv.config import convert_field, nested_config
 from lightning_adv.trainer.token_stats import token_stats
-from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail
+from lightning_adv._checks import check_bool, check_choice, check_int, check_number, fail
 
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import dataclasses
 import os
 import warnings
@@ -37,17 +38,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_adv.validators import check_bool, check_choice, check_int, check_number, fail, is_int
+from lightning_adv._checks import (
+    check_bool, check_choice, check_gvpo_kwargs, check_int, check_number, fail, is_int)
 from lightning_adv.config import (
-    PRM_MODES, ActorConfig, convert_field, nested_config, PRMAdvantageShapingConfig, check_gvpo_kwargs, check_json_kwargs,
-    check_process_mode, is_dotted_path)
+    PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_json_kwargs, check_process_mode,
+    convert_field, critic_free_reason, nested_config)
+from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.distributed import report_failure
-from lightning_adv.advantage_metrics import AdvantageMetrics
-from lightning_adv.kl_control import KLControllerConfig
-from lightning_adv.ppo_loss import KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS, PPOLoss
-from lightning_adv.meta import BatchMeta
-from lightning_adv.module import AdvantageModule
-from lightning_adv.recipes import critic_free_reason
+from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
+from lightning_adv.losses.kl_controllers import KLControllerConfig
+from lightning_adv.losses.aggregation import LOSS_AGG_MODES
+from lightning_adv.losses.ppo_loss import RATIO_LEVELS, PPOLoss
+from lightning_adv.ops.kl import KL_ESTIMATORS
+from lightning_adv.batch.grouping import BatchMeta
+from lightning_adv.advantage.module import AdvantageModule
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig, sample_with_signal
 from lightning_adv.trainer.recipe_inputs import (
@@ -250,6 +254,12 @@ def build_advantage_module(path: str, actor: ActorConfig) -> AdvantageModule:
     if not (isinstance(cls, type) and issubclass(cls, AdvantageModule)):
         raise ValueError(f"advantage_module: expected the dotted path of an AdvantageModule "
                          f"subclass, got {path!r}" + (f" ({cls!r})" if cls is not None else ""))
+    parameters = inspect.signature(cls.forward).parameters
+    if "kl_coef" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        # The trainer passes its KL controller's coefficient with every call.
+        raise ValueError(f"advantage_module: {path!r} overrides forward without the keyword "
+                         f"argument kl_coef; declare forward(self, batch, meta=None, *, "
+                         f"prm=None, kl_coef=None) and pass kl_coef on to super().forward")
     return cls(actor)
 
 
@@ -528,8 +538,7 @@ class PPOModule(pl.LightningModule):
             # in the advantage module's collectives; let them fail too.
             report_failure(self.device)
             raise
-        self._apply_kl_coef()
-        out = self.advantage(rollout, meta, prm=self.prm_shaping)
+        out = self.advantage(rollout, meta, prm=self.prm_shaping, kl_coef=self.kl_controller.value)
         self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
         self.log_step(rollout, out, meta, groups, sampled)
         self._update_kl_controller(out)
@@ -749,12 +758,6 @@ class PPOModule(pl.LightningModule):
         self._log_histogram("train/advantages", out["advantages"][m > 0])
         if self.sample_log_config.due(self.rollout_step):
             self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
-
-    def _apply_kl_coef(self) -> None:
-        """The advantage module's reward-side KL coefficient follows the controller."""
-        coef = self.kl_controller.value
-        if coef != self.advantage.config.kl_ctl:
-            self.advantage.config = dataclasses.replace(self.advantage.config, kl_ctl=coef)
 
     @torch.no_grad()
     def _update_kl_controller(self, out: dict[str, Any]) -> None:

@@ -93,7 +93,9 @@ def reconcile_checkpoint(checkpoint: dict[str, Any], own_state: Mapping[str, tor
         if key.startswith("ref_policy.") and key not in state:
             state[key] = value.detach().clone()
     saved = dict(checkpoint.get("hyper_parameters", {}) or {})
-    coef = "kl_controller.coef"
+    coef = "kl_controller.kl_coef"
+    if "kl_controller.coef" in state:  # the buffer's name in checkpoints of version 0.1
+        state[coef] = state.pop("kl_controller.coef")
     if coef in own_state and coef in state:
         kl_type = (hparams.get("kl_controller") or {}).get("type", "fixed")
         old_start = (saved.get("actor") or {}).get("kl_ctl")

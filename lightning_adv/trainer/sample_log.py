@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from lightning_adv.validators import check_int
+from lightning_adv._checks import check_int
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.meta import BatchMeta
+from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.policy import scaled_log_softmax
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
@@ -284,7 +284,7 @@ def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> 
 def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
                 process_rewards: bool) -> tuple[dict[str, Any], BatchMeta]:
     """The SPEC §1 rollout batch (without model outputs) and its complete metadata: what
-    :func:`~lightning_adv.meta.concat_batch` makes of one right-padded batch per prompt
+    :func:`~lightning_adv.batch.grouping.concat_batch` makes of one right-padded batch per prompt
     group, built at once (one tensor per key)."""
     episodes = [ep for group in groups for ep in group]
     width = max(len(ep.tokens) for ep in episodes)

@@ -31,8 +31,10 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 
-from lightning_adv.validators import check_int, is_int
-from lightning_adv.config import UNSCORABLE_ACTIONS, check_json_kwargs, is_dotted_path
+from lightning_adv._checks import check_int, is_int
+from lightning_adv.config import check_json_kwargs
+from lightning_adv.config.actor import UNSCORABLE_ACTIONS
+from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"

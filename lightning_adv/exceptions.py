@@ -1,0 +1,66 @@
+"""Every error and warning class of the package, in one place.
+
+Errors are ``ValueError``/``TypeError`` subclasses with messages naming the key, stage or
+function, what was expected and what was given. Warnings are ``UserWarning`` subclasses,
+so ``warnings.filterwarnings("error", category=...)`` turns one kind into an error.
+"""
+
+from __future__ import annotations
+
+
+class AdvantageContractError(ValueError):
+    """A stage function returned something that breaks its contract, or changed its inputs."""
+
+
+class PeerRankFailed(RuntimeError):
+    """Another data-parallel rank failed while computing advantages (its error says why)."""
+
+
+class TurnIdError(ValueError):
+    """Invalid turn ids. ``detail`` is the message without its prefix, so each boundary
+    names its own stage and key (:func:`lightning_adv.ops.gae.turn_id_errors`) instead of
+    passing a name down to the kernel."""
+
+    def __init__(self, where: str, detail: str):
+        super().__init__(f"{where}: {detail}")
+        self.detail = detail
+
+
+class GroupingError(ValueError):
+    """Groups that do not fit the batch. ``field`` (``""`` or ``".group_size"``) and
+    ``detail`` let the caller name its config key at its boundary
+    (:func:`lightning_adv.advantage.normalization.norm_errors`)."""
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"norm{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting that has no effect in this configuration (or on this batch) was given."""
+
+
+class RecipeOverrideWarning(UserWarning):
+    """A field set in the config overrides the value of the named recipe (``actor.recipe``)."""
+
+
+class UnknownBatchKeyWarning(UserWarning):
+    """A batch key the pipeline does not read looks like a misspelt key it would read."""
+
+
+class LogProbRangeWarning(UserWarning):
+    """``ref_logp`` or ``prox_logp`` hold values above 0 at positions the pipeline reads."""
+
+
+class SingletonGroupWarning(UserWarning):
+    """Every group of a group-level normalization has one member, so each member is
+    normalized against itself (group-mean-centred rewards are all 0)."""
+
+
+class DroppedOutcomeRewardWarning(UserWarning):
+    """An outcome reward landed on an inactive position and never reaches GAE (SPEC §9)."""
+
+
+class MissingRefLogpWarning(UserWarning):
+    """``kl_ctl > 0`` but the batch has no ``ref_logp``: the KL is taken against log-prob 0."""

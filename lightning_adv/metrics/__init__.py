@@ -1,0 +1,1 @@
+"""torchmetrics metrics of advantages, rewards and losses, synced across ranks."""

@@ -1,0 +1,1 @@
+"""Test utilities: slow reference implementations the kernels are tested against."""
