@@ -362,6 +362,7 @@ def affine_suffix_scan(a: Tensor, b: Tensor) -> Tensor:
     while step < n:
         # Right-hand sides are evaluated into new tensors before the slices are written.
         b[:, :-step] = torch.addcmul(b[:, :-step], a[:, :-step], b[:, step:])
-        a[:, :-step] = a[:, :-step] * a[:, step:]
+        if 2 * step < n:   # the last round's products are never read
+            a[:, :-step] = a[:, :-step] * a[:, step:]
         step *= 2
     return b
