@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,13 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_adv import AdvantageConfig, AdvantageModule, compute_token_gae, fused, native
-from lightning_adv.bench import module_configs, realistic_inputs
+from lightning_adv.testing.synthetic import module_configs, realistic_inputs
 from tests.strategies import RolloutCase, rollout_cases
 from tests.test_fused_paths import mask_pairs
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TORCH_ONLY = ("prox_logp", "token_rewards", "mopd_teacher_logp_sum")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_native_library_is_in_use():
@@ -126,7 +128,7 @@ def test_fused_checks_decide_and_say_what_the_torch_checks_do(batch, action):
 
 @pytest.mark.parametrize("name", ["default", "ppo.yaml", "GRPO"])
 def test_benchmarked_configs_take_the_fused_pass(name):
-    module = AdvantageModule(module_configs()[name])
+    module = AdvantageModule(module_configs(CONFIGS)[name])
     x = realistic_inputs(16, 64, torch.device("cpu"))
     assert fused.takes(x.batch, module._fused_plan)
     got = module(x.batch, x.meta)
@@ -155,7 +157,7 @@ def test_the_fused_aligned_batch_is_the_torch_one(truncated):
     # bootstrap values before truncation zeroes them, as align_batch gives them).
     x = realistic_inputs(8, 48, torch.device("cpu"))
     batch = {**x.batch, "is_truncated": torch.full((8,), truncated)}
-    config = module_configs()["ppo.yaml"]
+    config = module_configs(CONFIGS)["ppo.yaml"]
     got = aligned_of_one_call(AdvantageModule(config), batch, x.meta)
     with native.disabled():
         want = aligned_of_one_call(AdvantageModule(config), batch, x.meta)
@@ -177,7 +179,7 @@ def test_bool_masks_read_any_nonzero_byte_as_true():
     odd = {**x.batch, "attention_mask": (att.to(torch.uint8) * 2).view(torch.bool),
            "loss_mask": (loss.to(torch.uint8) * 7).view(torch.bool)}
     plain = {**x.batch, "attention_mask": att, "loss_mask": loss}
-    module = AdvantageModule(module_configs()["ppo.yaml"])
+    module = AdvantageModule(module_configs(CONFIGS)["ppo.yaml"])
     assert fused.takes(odd, module._fused_plan)
     assert_same(module(odd, x.meta), module(plain, x.meta))
     rewards, values = torch.randn(8, 48), torch.randn(8, 48)

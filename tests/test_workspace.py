@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_adv import ActorConfig, AdvantageModule, NormConfig, compute_token_gae, compute_turn_gae
-from lightning_adv.bench import realistic_inputs
+from lightning_adv.testing.synthetic import realistic_inputs
 from lightning_adv.workspace import MIN_BYTES, Workspace, scratch
 
 BIG = (64, 1024)  # above MIN_BYTES in float32: pool memory

@@ -1,0 +1,1 @@
+"""Test utilities: reference implementations and synthetic inputs for tests and benchmarks."""
