@@ -118,12 +118,14 @@ def measure(config_path: Path, steps: int, warmup: int, threads: int,
     seconds: dict[str, float] = defaultdict(float)
     _attach_phase_timers(module, seconds)
     timer = _step_timer(warmup, seconds)
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1,
-                         callbacks=[timer])
-    with warnings.catch_warnings():
+    # (a run directory of its own: the trainer saves a Hugging Face policy there at the end)
+    with tempfile.TemporaryDirectory(prefix="trainer_step_run_") as run_dir, \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu", devices=1,
+                             callbacks=[timer], default_root_dir=run_dir)
         trainer.fit(module)
     if timer.timed != steps:
         raise RuntimeError(f"{config_path.name}: {timer.timed} of {steps} timed steps ran (one "

@@ -93,6 +93,7 @@ def test_trainer_step_trains_the_hf_config_on_the_tiny_model(tmp_path):
                    "1", "--warmup", "0", "--repeats", "1", "--baseline", git_head(), "--no-build")
     assert re.search(r"^\| hf_grpo \| [\d.]+ \| [\d.]+ \| ", text, re.M)
     assert "Hugging Face model of the hf_* configs: the tiny model of the candidate" in text
+    assert not (REPO / "hf_model").exists()  # the run saved its policy in its own directory
 
 
 def test_hf_sampling_reports_cache_and_no_cache_side_by_side(tiny_lm, tmp_path):
