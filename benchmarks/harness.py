@@ -257,14 +257,16 @@ def page_header(title: str, details: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_page(path: Optional[Path], header: str, sections: Sequence[str]) -> None:
+def write_page(path: Optional[Path], header: str, sections: Sequence[str],
+               deterministic: str = "") -> None:
     """Print the tables; with ``path``, also write the page: header, tables and what in
-    them is deterministic."""
+    them is deterministic (:data:`DETERMINISM_NOTE`, after ``deterministic``)."""
     body = "\n".join(sections)
     print(body, flush=True)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{header}\n{body}\n{DETERMINISM_NOTE}\n")
+        note = f"{deterministic} {DETERMINISM_NOTE}" if deterministic else DETERMINISM_NOTE
+        path.write_text(f"{header}\n{body}\n{note}\n")
         print(f"wrote {path}")
 
 

@@ -58,6 +58,9 @@ def write_model(tree: Path, directory: Path, vocab: int, hidden: int) -> Path:
     harness.make_tiny_model(tree, directory)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # (save_pretrained draws one even for one shard)
 
     config = AutoConfig.from_pretrained(directory)
     config.vocab_size, config.hidden_size, config.intermediate_size = vocab, hidden, 4 * hidden
@@ -260,7 +263,9 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         "Peak: the most resident memory one pass held above the process's before it, in "
         "MiB; rows per pass: `ppo.forward_batch_size` (scoring) or `ppo.micro_batch_size` "
         "(update).\n\n" + harness.table(["phase", "version", "dtype", "rows per pass",
-                                         "peak MiB", "seconds"], rows)])
+                                         "peak MiB", "seconds"], rows)],
+        deterministic="The peaks depend on the code, the model and the sizes only, up to a "
+                      "few MiB of allocator noise; the seconds are timings.")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -112,6 +112,7 @@ def test_memory_measures_each_phase_in_its_own_process(tmp_path):
                       r"([\d.]+) \|$", text, re.M)
     assert [r[0] for r in rows] == ["scoring", "update"]
     assert "one float32 copy of the logits is 0 MiB" in text
+    assert "The peaks depend on the code, the model and the sizes only" in text
 
 
 def test_memory_peak_is_the_call_own_not_an_earlier_peak():
