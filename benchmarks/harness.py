@@ -41,6 +41,9 @@ def threads_from_argv(argv: Sequence[str], default: Sequence[int]) -> list[int]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--threads", type=int, nargs="+", default=list(default))
     known, _ = parser.parse_known_args(list(argv))
+    if min(known.threads) < 1:
+        raise SystemExit(f"--threads: expected counts of at least 1, got "
+                         f"{' '.join(map(str, known.threads))}")
     return known.threads
 
 
@@ -52,7 +55,7 @@ def set_thread_environment(threads: int) -> None:
         raise RuntimeError("set_thread_environment: torch is already imported; OpenMP has "
                            "read its settings")
     if threads < 1:
-        raise ValueError(f"--threads: expected counts of at least 1, got {threads}")
+        raise SystemExit(f"--threads: expected counts of at least 1, got {threads}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["MKL_NUM_THREADS"] = str(threads)

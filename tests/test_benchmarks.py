@@ -67,6 +67,8 @@ def test_advantage_rejects_bad_arguments_by_name():
     assert run.returncode == 2 and "--sizes" in run.stderr and "64by2048" in run.stderr
     run = run_script("advantage", "--configs", "nope.yaml")
     assert run.returncode == 2 and "--configs: unknown nope.yaml" in run.stderr
+    run = run_script("advantage", "--threads", "2", "0")  # refused before torch loads
+    assert run.returncode == 1 and "--threads: expected counts of at least 1, got 2 0" in run.stderr
 
 
 def test_trainer_step_compares_with_a_commit_in_separate_processes(tmp_path):
