@@ -111,7 +111,7 @@ def check_package_home(tree: Path) -> str:
 def use_this_checkout() -> None:
     """Make ``import lightning_adv`` load this checkout's package (the one next to
     ``benchmarks/``), ahead of an installed one."""
-    if str(ROOT) not in sys.path:
+    if sys.path[:1] != [str(ROOT)]:
         sys.path.insert(0, str(ROOT))
 
 
