@@ -10,7 +10,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, ViTConf
 
 from lightning_adv.trainer.hf_policy import (
     AdapterDisabledReference, build_hf_policy, check_device_dtype, check_hf_policy)
-from lightning_adv.trainer.policy import PolicyConfig
+from lightning_adv.trainer.policy_config import PolicyConfig
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60], [1, 70, 80, 90, 0, 0]])
 

@@ -11,7 +11,7 @@ import torch
 from lightning_adv import ActorConfig, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
-from lightning_adv.trainer.policy import next_token_logprobs
+from lightning_adv.trainer.logprobs import next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.tasks import (
     AdditionTask, GuessTask, ReverseTask, Sample, TaskError, TaskRuntime, Turn, guess_consistency,

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.trainer.hf_tokenizer import HFTokenizer
-from lightning_adv.trainer.policy import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors")

@@ -59,8 +59,9 @@ from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
 from lightning_adv.trainer.resume import reconcile_checkpoint
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
-from lightning_adv.trainer.policy import (
-    CausalTransformer, PolicyConfig, logprobs_and_entropy, picked_logprobs_and_entropy)
+from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.logprobs import logprobs_and_entropy, picked_logprobs_and_entropy
+from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.sampling import build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.scoring import scoring_passes
 from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.meta import BatchMeta
-from lightning_adv.trainer.policy import scaled_log_softmax
+from lightning_adv.trainer.logprobs import scaled_log_softmax
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
 
 
