@@ -31,7 +31,8 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning_adv.trainer.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, fit_summary, next_version_dir, resume_command)
 from lightning_adv.trainer.evaluation import PredictionWriter
-from lightning_adv.trainer.ppo import PPOModule, validate_model_config
+from lightning_adv.trainer.ppo import PPOModule
+from lightning_adv.trainer.setup import validate_model_config
 from lightning_adv.trainer.resume import (
     CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
 from lightning_adv.trainer.tasks import TaskError
