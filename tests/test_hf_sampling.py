@@ -192,7 +192,7 @@ def test_top_k_1_and_tiny_top_p_are_greedy_with_full_distribution_logprobs(rever
 
 
 def test_an_episode_beyond_the_context_window_is_an_error(tiny_lm, tmp_path):
-    from lightning_adv.hf import make_tiny
+    from lightning_adv.trainer.tiny_hf_model import make_tiny
 
     small = make_tiny(tmp_path / "small", max_positions=24)
     policy, runtime = setup(str(small), TaskConfig(name="guess"))

@@ -73,7 +73,7 @@ def expected_directory(key: str) -> str:
     return (f"expected a Hugging Face model directory as save_pretrained writes it: "
             f"config.json, weights ({' or '.join(WEIGHT_FILES[:3:2])}) and tokenizer files "
             f"(tokenizer.json or tokenizer_config.json), or a hub id with network access. For "
-            f"a tiny random local model: python -m lightning_adv.hf make-tiny --out "
+            f"a tiny random local model: python -m lightning_adv make-tiny --out "
             f"models/tiny_lm, then --model.{key}=models/tiny_lm")
 
 
