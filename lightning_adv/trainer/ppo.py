@@ -51,7 +51,7 @@ from lightning_adv.trainer.evaluation import (
 from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.resume import reconcile_checkpoint
-from lightning_adv.trainer import rollout as rollouts
+import lightning_adv.trainer.rollout as rollouts
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.setup import TrainerPlan
 from lightning_adv.trainer.tasks import TaskConfig
