@@ -73,4 +73,4 @@ def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:
     if greedy_baseline and "reward_baselines" not in needs:
         warnings.warn("ppo.greedy_baseline: true, but no advantage stage reads "
                       "'reward_baselines'; the greedy responses are sampled for nothing",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)

@@ -88,7 +88,8 @@ class TrainerPlan:
         """Coerce and check the ``model`` section ``values`` (dataclasses or mappings) for a
         run on ``world_size`` ranks. Raises ``ValueError`` (or ``TypeError``) naming the
         key (``actor.advantage.estimator: ...``); a task function's bad output is a
-        :class:`~lightning_adv.trainer.tasks.TaskError`."""
+        :class:`~lightning_adv.trainer.tasks.TaskError`. Its warnings (stacklevel 4) point
+        at the line that built the ``PPOModule`` or called :func:`validate_model_config`."""
         configs = {name: coerce_config(kind, values.get(name), name)
                    for name, kind in SECTIONS.items()}
         actor, policy, ppo, task, prm = (configs[name] for name in
@@ -229,7 +230,7 @@ def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
     if policy.value_head and reason is not None:
         warnings.warn(f"policy.value_head: true, but {reason}; the critic's values are subtracted "
                       f"as a second baseline or trained for nothing. Set model.policy.value_head: "
-                      f"false for a critic-free recipe", UserWarning, stacklevel=3)
+                      f"false for a critic-free recipe", UserWarning, stacklevel=4)
 
 
 def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
@@ -260,7 +261,7 @@ def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
     """Combinations the trainer cannot run, caught before training; errors name the key."""
     if prm.scorers and not prm.enabled:
         warnings.warn("prm.scorers: process scorers are configured but prm.enabled is false, so "
-                      "they are not run; set prm.enabled: true to use them", stacklevel=3)
+                      "they are not run; set prm.enabled: true to use them", stacklevel=4)
     if kl_controller.type == "adaptive" and actor.kl_ctl == 0:
         raise ValueError("kl_controller.type: the adaptive controller scales actor.kl_ctl, which "
                          "is 0 (it would stay 0); set actor.kl_ctl > 0 or use type 'fixed'")
