@@ -1,5 +1,9 @@
 """The LightningCLI of the trainer: ``python -m lightning_adv fit --config configs/ppo.yaml``.
 
+Besides LightningCLI's ``fit``, ``validate``, ``test`` and ``predict``, the commands of
+:data:`EXTRA_COMMANDS` (``make-tiny``) are dispatched before LightningCLI parses anything;
+each parses its own arguments (``python -m lightning_adv make-tiny --help``).
+
 jsonargparse checks types (and ``Literal`` choices) while parsing; right after it, before
 anything runs, :meth:`LightningAdvCLI.check_config` builds the model's
 config dataclasses, the task, the process scorers and the ``AdvantageModule`` (which
@@ -18,6 +22,7 @@ ends with a short summary.
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import sys
 import warnings
@@ -31,7 +36,8 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning_adv.trainer.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, fit_summary, next_version_dir, resume_command)
 from lightning_adv.trainer.evaluation import PredictionWriter
-from lightning_adv.trainer.ppo import PPOModule, validate_model_config
+from lightning_adv.trainer.ppo import PPOModule
+from lightning_adv.trainer.setup import validate_model_config
 from lightning_adv.trainer.resume import (
     CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
 from lightning_adv.trainer.tasks import TaskError
@@ -59,6 +65,14 @@ UNLOGGED_RUNS = Path("runs") / "no_logger"
 
 #: Lightning's special ``ckpt_path`` values (not files)
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+
+#: ``python -m lightning_adv <command> ...`` besides fit / validate / test / predict: the
+#: command's name -> ("module:function" called with the arguments after the name, which it
+#: parses itself, --help included; what it does, for the main --help)
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "make-tiny": ("lightning_adv.trainer.tiny_hf_model:main",
+                  "write a tiny random Hugging Face causal LM and its tokenizer"),
+}
 
 STAGE_FLAG = re.compile(r"--model\.actor\.advantage\.(compute|outcome_reward_shaping|estimator|"
                         r"process_adv_shaping)")
@@ -310,8 +324,24 @@ class LightningAdvCLI(LightningCLI):
                   f"{writer.written}", flush=True)
 
 
+def run_extra_command(name: str, args: list[str]) -> None:
+    """Run the command ``name`` of :data:`EXTRA_COMMANDS` with its arguments ``args``."""
+    module, function = EXTRA_COMMANDS[name][0].split(":")
+    getattr(importlib.import_module(module), function)(args)
+
+
+def extra_commands_help() -> str:
+    """The main ``--help``'s list of :data:`EXTRA_COMMANDS`."""
+    return "other commands: " + "; ".join(
+        f"{name} ({what}; {name} --help)" for name, (_, what) in EXTRA_COMMANDS.items())
+
+
 def main(args: ArgsType = None) -> None:
     """Run the CLI (``args``: a list of arguments instead of ``sys.argv``, or a config dict)."""
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, (list, tuple)) and argv and argv[0] in EXTRA_COMMANDS:
+        run_extra_command(argv[0], list(argv[1:]))
+        return
     # Batches are prompt indices: loader workers would not help.
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     # The post-update state is what a checkpoint of a finished PPO step should hold.
@@ -322,7 +352,8 @@ def main(args: ArgsType = None) -> None:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_callback=SaveRunConfig,
                         parser_class=ConciseParser, args=args,
-                        parser_kwargs={"prog": "python -m lightning_adv"})
+                        parser_kwargs={"prog": "python -m lightning_adv",
+                                       "epilog": extra_commands_help()})
     except TaskError as exc:
         # A task, reward or scorer function returned something unusable: the message names
         # the key, the function, the prompt and the sample; a traceback would add nothing.

@@ -1,153 +1,38 @@
-"""``python -m lightning_adv.hf make-tiny --out DIR``: a tiny Hugging Face causal LM for CPU runs.
+"""Deprecated: the tiny model maker is :mod:`lightning_adv.trainer.tiny_hf_model`, and the
+command ``python -m lightning_adv make-tiny --out DIR``.
 
-Writes a randomly initialised small causal language model (Qwen2 or Llama architecture,
-2 layers, 64 wide by default) and a byte-level BPE tokenizer trained with ``tokenizers``
-on the text of the built-in tasks, with a ChatML chat template. The directory loads with
-``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained(DIR)``, offline, in well under
-a second, and is what ``configs/hf_grpo.yaml`` and ``configs/hf_ppo.yaml`` train::
-
-    python -m lightning_adv.hf make-tiny --out models/tiny_lm
-    python -m lightning_adv.hf make-tiny --out models/tiny_llama --arch llama --no-pad-token
-
-The tokenizer's alphabet is all 256 bytes, so it encodes any string; its few merges are
-the chat roles and the shipped tasks' instruction words, so task content stays one
-character per token. The same arguments and seed write the same files.
+``python -m lightning_adv.hf make-tiny ...`` still works (with a note), and so do imports
+from here (with a ``DeprecationWarning``).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-from collections.abc import Iterator
-from pathlib import Path
+import sys
+import warnings
 from typing import Optional, Sequence
 
-END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+from lightning_adv.trainer.hf_policy import no_progress_bars
+from lightning_adv.trainer.tiny_hf_model import (
+    ARCHITECTURES, CHAT_TEMPLATE, CORPUS_WORDS, END_OF_TEXT, IM_END, IM_START, build_model,
+    build_tokenizer, make_tiny, task_corpus)
+from lightning_adv.trainer.tiny_hf_model import main as _make_tiny_main
 
-#: ChatML, as Qwen's instruct models use it. An empty first user turn still renders.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+warnings.warn("lightning_adv.hf is deprecated: import lightning_adv.trainer.tiny_hf_model, and "
+              "run python -m lightning_adv make-tiny --out DIR", DeprecationWarning, stacklevel=2)
 
-ARCHITECTURES = ("qwen2", "llama")
-
-
-#: The words the tokenizer merges: chat roles and the shipped tasks' instructions. Task
-#: content (letters, digits) stays one byte per token, so a tiny model can learn to
-#: reverse or add character by character.
-CORPUS_WORDS = ("system", "user", "assistant", "Reverse:", "Answer:", "Question:")
-
-
-def task_corpus(repeats: int = 50) -> list[str]:
-    """Text the tokenizer learns its merges from (see :data:`CORPUS_WORDS`)."""
-    return [" ".join(CORPUS_WORDS) + "\n"] * repeats
-
-
-def build_tokenizer(vocab_size: int = 300, pad_token: bool = True):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens.
-
-    EOS is ``<|im_end|>`` (the end of an assistant turn, where generation stops); the pad
-    token is ``<|endoftext|>``, or none with ``pad_token=False`` (then pad = EOS)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  special_tokens=[END_OF_TEXT, IM_START, IM_END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(task_corpus(), trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=IM_END,
-                                      pad_token=END_OF_TEXT if pad_token else None)
-    wrapped.chat_template = CHAT_TEMPLATE
-    return wrapped
-
-
-def build_model(vocab_size: int, eos_token_id: int, pad_token_id: Optional[int],
-                arch: str = "qwen2", hidden_size: int = 64, layers: int = 2, heads: int = 4,
-                kv_heads: int = 2, intermediate_size: int = 256, max_positions: int = 512,
-                seed: int = 0):
-    """A randomly initialised causal LM (transformers' own initialisation, seeded)."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config
-    from transformers import Qwen2ForCausalLM
-
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"--arch: expected one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-    config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2"
-                             else (LlamaConfig, LlamaForCausalLM))
-    config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
-                        intermediate_size=intermediate_size, num_hidden_layers=layers,
-                        num_attention_heads=heads, num_key_value_heads=kv_heads,
-                        max_position_embeddings=max_positions, tie_word_embeddings=False,
-                        eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_cls(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos_token_id,
-                                               pad_token_id=pad_token_id)
-    return model
-
-
-@contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """transformers' progress bars off within the block (``save_pretrained`` draws a
-    "Writing model shards" bar even for one shard), the caller's setting restored after."""
-    from transformers.utils import logging
-
-    was_enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            logging.enable_progress_bar()
-
-
-def make_tiny(out: str | Path, arch: str = "qwen2", vocab_size: int = 300, pad_token: bool = True,
-              hidden_size: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-              intermediate_size: int = 256, max_positions: int = 512, seed: int = 0) -> Path:
-    """Write a tiny model and its tokenizer to ``out``; returns the directory."""
-    out = Path(out)
-    tokenizer = build_tokenizer(vocab_size, pad_token=pad_token)
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, arch,
-                        hidden_size, layers, heads, kv_heads, intermediate_size, max_positions,
-                        seed)
-    out.mkdir(parents=True, exist_ok=True)
-    with no_progress_bars():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    return out
+__all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "CORPUS_WORDS", "END_OF_TEXT", "IM_END", "IM_START",
+           "build_model", "build_tokenizer", "make_tiny", "no_progress_bars", "task_corpus"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lightning_adv.hf",
-                                     description="Hugging Face helpers of lightning_adv")
-    commands = parser.add_subparsers(dest="command", required=True)
-    tiny = commands.add_parser("make-tiny", help="write a tiny random causal LM and tokenizer")
-    tiny.add_argument("--out", required=True, help="directory to write (created)")
-    tiny.add_argument("--arch", default="qwen2", choices=ARCHITECTURES)
-    tiny.add_argument("--vocab-size", type=int, default=300,
-                      help="BPE vocabulary (256 bytes + 3 special tokens + merges)")
-    tiny.add_argument("--no-pad-token", dest="pad_token", action="store_false",
-                      help="save the tokenizer without a pad token (pad = EOS)")
-    tiny.add_argument("--hidden-size", type=int, default=64)
-    tiny.add_argument("--layers", type=int, default=2)
-    tiny.add_argument("--heads", type=int, default=4)
-    tiny.add_argument("--kv-heads", type=int, default=2)
-    tiny.add_argument("--intermediate-size", type=int, default=256)
-    tiny.add_argument("--max-positions", type=int, default=512,
-                      help="context window (max_position_embeddings)")
-    tiny.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = make_tiny(args.out, args.arch, args.vocab_size, args.pad_token, args.hidden_size,
-                    args.layers, args.heads, args.kv_heads, args.intermediate_size,
-                    args.max_positions, args.seed)
-    print(f"wrote a {args.arch} model ({args.layers} layers, width {args.hidden_size}) and its "
-          f"tokenizer to {out}")
+    """The old ``python -m lightning_adv.hf make-tiny ...``."""
+    print("note: python -m lightning_adv.hf is deprecated; run python -m lightning_adv "
+          "make-tiny --out DIR", file=sys.stderr)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["make-tiny"]:
+        raise SystemExit("usage: python -m lightning_adv make-tiny --out DIR "
+                         "(python -m lightning_adv.hf is deprecated)")
+    _make_tiny_main(args[1:])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 For each config, runs ``python -m lightning_adv fit --config configs/<name>.yaml`` as the
 README's first command does (one at a time, logs under a temporary directory), timing the
 whole command (the Hugging Face configs, ``hf_*``, train the tiny model that
-``python -m lightning_adv.hf make-tiny`` writes, made once in the temporary directory
+``python -m lightning_adv make-tiny`` writes, made once in the temporary directory
 first); then reads the runs' TensorBoard events with ``scripts/reward_curve.py``
 for the table and the curves. With ``--install`` it first times the README's install step
 alone (a fresh virtual environment, ``pip install -c constraints.txt -e .``), once with
@@ -50,7 +50,7 @@ def time_install(workdir: Path, use_cache: bool = True) -> float:
 
 def make_tiny_model(workdir: Path) -> Path:
     out = workdir / "tiny_lm"
-    subprocess.run([sys.executable, "-m", "lightning_adv.hf", "make-tiny", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "lightning_adv", "make-tiny", "--out", str(out)],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
 

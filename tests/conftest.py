@@ -18,7 +18,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A tiny random Qwen2 causal LM with a ChatML tokenizer (pad token <|endoftext|>)."""
-    from lightning_adv.hf import make_tiny
+    from lightning_adv.trainer.tiny_hf_model import make_tiny
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny_lm") / "qwen2"))
 
@@ -26,7 +26,7 @@ def tiny_lm(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_no_pad(tmp_path_factory):
     """A tiny random Llama causal LM whose tokenizer has no pad token (pad = EOS)."""
-    from lightning_adv.hf import make_tiny
+    from lightning_adv.trainer.tiny_hf_model import make_tiny
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny_llama") / "llama", arch="llama",
                          pad_token=False))

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from lightning_adv import ActorConfig, concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
-from lightning_adv.trainer import ppo as ppo_module
-from lightning_adv.trainer.policy import (
-    CausalTransformer, logprobs_and_entropy, next_token_logprobs)
+from lightning_adv.trainer import update as ppo_module
+from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.logprobs import logprobs_and_entropy, next_token_logprobs
 from lightning_adv.trainer.recipe_inputs import sum_pi_squared
 from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.scoring import scoring_passes

@@ -1,13 +1,15 @@
-"""``python -m lightning_adv.hf make-tiny``: a tiny causal LM and tokenizer, built offline."""
+"""``python -m lightning_adv make-tiny``: a tiny causal LM and tokenizer, built offline."""
 
 import filecmp
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightning_adv.hf import CHAT_TEMPLATE, IM_END, make_tiny
+from lightning_adv.cli import main
+from lightning_adv.trainer.tiny_hf_model import CHAT_TEMPLATE, IM_END, make_tiny
 
 
 def test_make_tiny_writes_a_loadable_causal_lm_with_a_chat_template(tiny_lm):
@@ -48,9 +50,44 @@ def test_same_arguments_write_the_same_files(tmp_path):
 
 def test_command_line(tmp_path):
     out = tmp_path / "m"
-    proc = subprocess.run([sys.executable, "-m", "lightning_adv.hf", "make-tiny", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "lightning_adv", "make-tiny", "--out", str(out),
                            "--arch", "llama", "--layers", "1", "--hidden-size", "32"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 32
+
+
+def test_make_tiny_is_a_command_of_the_cli_with_its_own_help(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lightning_adv"])
+    with pytest.raises(SystemExit) as info:
+        main(["make-tiny", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lightning_adv make-tiny") and "--out OUT" in out
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "other commands: make-tiny" in capsys.readouterr().out
+    main(["make-tiny", "--out", str(tmp_path / "m"), "--layers", "1", "--hidden-size", "16"])
+    assert "wrote a qwen2 model (1 layers, width 16)" in capsys.readouterr().out
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").config.hidden_size == 16
+
+
+def test_the_old_command_still_works_and_says_it_is_deprecated(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lightning_adv.hf", "make-tiny", "--out",
+                           str(tmp_path / "m"), "--layers", "1", "--hidden-size", "16"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "python -m lightning_adv.hf is deprecated; run python -m lightning_adv make-tiny" in (
+        proc.stderr)
+    assert (tmp_path / "m" / "config.json").is_file()
+
+
+def test_importing_the_old_module_warns():
+    code = "import lightning_adv.hf as hf; print(hf.make_tiny.__module__)"
+    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "lightning_adv.hf is deprecated" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "lightning_adv.trainer.tiny_hf_model", proc.stderr

@@ -10,7 +10,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, ViTConf
 
 from lightning_adv.trainer.hf_policy import (
     AdapterDisabledReference, build_hf_policy, check_device_dtype, check_hf_policy)
-from lightning_adv.trainer.policy import PolicyConfig
+from lightning_adv.trainer.policy_config import PolicyConfig
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60], [1, 70, 80, 90, 0, 0]])
 
@@ -61,20 +61,20 @@ def test_an_unloadable_directory_names_the_key_path_expected_files_and_make_tiny
     assert message.startswith(f"policy.pretrained: cannot load the model config of '{broken}': ")
     for part in ("expected a Hugging Face model directory", "config.json",
                  "model.safetensors", "tokenizer.json",
-                 "python -m lightning_adv.hf make-tiny --out models/tiny_lm",
+                 "python -m lightning_adv make-tiny --out models/tiny_lm",
                  "--model.policy.pretrained=models/tiny_lm"):
         assert part in message, (part, message)
     # The checks before loading give the same expectation and hint.
     for path in ("./nowhere", "nobody/no-such-model"):
         with pytest.raises(ValueError, match=r"expected a Hugging Face model directory.*"
-                                             r"python -m lightning_adv.hf make-tiny"):
+                                             r"python -m lightning_adv make-tiny"):
             check_hf_policy(policy_config(path))
 
 
 def test_saving_prints_no_progress_bars(tmp_path, tiny_lm, capfd):
     from transformers.utils import logging
 
-    from lightning_adv.hf import make_tiny
+    from lightning_adv.trainer.tiny_hf_model import make_tiny
 
     logging.enable_progress_bar()  # as a user's session might have it
     try:

@@ -9,7 +9,8 @@ from lightning_adv import ActorConfig, AdvantageModule
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
 from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
-from lightning_adv.trainer.policy import PolicyConfig, next_token_logprobs
+from lightning_adv.trainer.logprobs import next_token_logprobs
+from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.sampling import build_batch, score
 from lightning_adv.trainer.tasks import TaskConfig, TaskError, TaskRuntime
 from lightning_adv.trainer.text_tasks import write_text_dataset
@@ -191,7 +192,7 @@ def test_top_k_1_and_tiny_top_p_are_greedy_with_full_distribution_logprobs(rever
 
 
 def test_an_episode_beyond_the_context_window_is_an_error(tiny_lm, tmp_path):
-    from lightning_adv.hf import make_tiny
+    from lightning_adv.trainer.tiny_hf_model import make_tiny
 
     small = make_tiny(tmp_path / "small", max_positions=24)
     policy, runtime = setup(str(small), TaskConfig(name="guess"))

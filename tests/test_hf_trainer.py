@@ -196,7 +196,7 @@ def test_ddp_gives_the_advantages_of_one_process_on_the_global_batch(tiny_lm, tm
     ("hf_grpo", "--model.policy.pretrained=./no/such/dir", 2, "model.policy.pretrained: no such"),
     ("hf_grpo", "--model.policy.pretrained=BROKEN", 2,
      r"model.policy.pretrained: cannot load the model config of '.*broken': .*; expected a "
-     r"Hugging Face model directory .*config.json.* python -m lightning_adv.hf make-tiny"),
+     r"Hugging Face model directory .*config.json.* python -m lightning_adv make-tiny"),
     ("hf_grpo", "--model.policy.dtype=float16", 2, "model.policy.dtype: float16 needs a GPU"),
     ("hf_grpo", "--model.task.dataset=BAD", 2, "model.task.dataset: line 2 of .* has no 'prompt'"),
     ("hf_ppo", "--model.policy.critic_pretrained=./nowhere", 2,

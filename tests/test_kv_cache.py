@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lightning_adv.trainer import PolicyConfig, TaskConfig
-from lightning_adv.trainer.policy import CausalTransformer, KVCache, next_token_logprobs
+from lightning_adv.trainer.policy import CausalTransformer, KVCache
+from lightning_adv.trainer.logprobs import next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, generate
 from lightning_adv.trainer.tasks import TaskRuntime
 from lightning_adv.trainer.data import generator

@@ -11,7 +11,7 @@ import torch
 from lightning_adv import ActorConfig, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
-from lightning_adv.trainer.policy import next_token_logprobs
+from lightning_adv.trainer.logprobs import next_token_logprobs
 from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.tasks import (
     AdditionTask, GuessTask, ReverseTask, Sample, TaskError, TaskRuntime, Turn, guess_consistency,
@@ -243,7 +243,7 @@ def test_hparams_are_plain_and_rebuild_the_module():
 
 
 def test_a_subclass_whose_forward_takes_no_kl_coef_is_refused_naming_the_fix():
-    from lightning_adv.trainer.ppo import build_advantage_module
+    from lightning_adv.trainer.setup import build_advantage_module
 
     with pytest.raises(ValueError, match=r"advantage_module: 'trainer_helpers\.OldForward"
                                          r"AdvantageModule' overrides forward without .*kl_coef"):

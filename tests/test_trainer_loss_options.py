@@ -9,7 +9,7 @@ import torch
 
 from lightning_adv import ActorConfig, AdaptiveKLController, FixedKLController, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
-from lightning_adv.trainer.ppo import validate_model_config
+from lightning_adv.trainer.setup import validate_model_config
 
 SMALL = dict(prompts_per_step=4, n_samples=4, minibatches=2, epochs=1)
 

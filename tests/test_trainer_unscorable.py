@@ -21,7 +21,7 @@ from lightning_adv.trainer.evaluation import EvalMetrics, pass_at_k, prediction_
 from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.recipe_inputs import baseline_rewards
 from lightning_adv.trainer.sample_log import samples_markdown
-from lightning_adv.trainer.sampling import Episode
+from lightning_adv.trainer.episode import Episode
 from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn
 
 HELPER = "trainer_helpers.sometimes_unscorable"

@@ -4,8 +4,10 @@ Importing this package imports Lightning; ``import lightning_adv`` alone stays l
 exposes ``lightning_adv.PPOModule`` lazily.
 """
 
-from lightning_adv.trainer.policy import CausalTransformer, PolicyConfig
-from lightning_adv.trainer.ppo import PPOConfig, PPOModule, PRMConfig, ScorerSpec
+from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.policy_config import PolicyConfig
+from lightning_adv.trainer.config import PPOConfig, PRMConfig, ScorerSpec
+from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.tasks import (
     AdditionTask, GuessTask, ReverseTask, Sample, Task, TaskConfig, Turn, guess_consistency,
     position_match)

@@ -22,9 +22,11 @@ and holds a ``config.json``, weights and a tokenizer; the config is a causal LM'
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -33,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.trainer.hf_tokenizer import HFTokenizer
-from lightning_adv.trainer.policy import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors")
@@ -50,13 +52,28 @@ def _hub_env() -> None:
     logging.disable_progress_bar()
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off within the block (``save_pretrained`` draws a
+    "Writing model shards" bar even for one shard), the caller's setting restored after."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
 def expected_directory(key: str) -> str:
     """What a model directory must hold, and how to make a tiny local one: the tail of
     every error about an unusable ``key`` (``policy.pretrained``; ``model.`` on the CLI)."""
     return (f"expected a Hugging Face model directory as save_pretrained writes it: "
             f"config.json, weights ({' or '.join(WEIGHT_FILES[:3:2])}) and tokenizer files "
             f"(tokenizer.json or tokenizer_config.json), or a hub id with network access. For "
-            f"a tiny random local model: python -m lightning_adv.hf make-tiny --out "
+            f"a tiny random local model: python -m lightning_adv make-tiny --out "
             f"models/tiny_lm, then --model.{key}=models/tiny_lm")
 
 
@@ -264,8 +281,6 @@ class HFPolicy(nn.Module):
         state (gathered from shards under FSDP) instead of its own parameters."""
         from safetensors.torch import save_file
 
-        from lightning_adv.hf import no_progress_bars
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = state_dict if state_dict is not None else self.state_dict()
@@ -283,6 +298,24 @@ class HFPolicy(nn.Module):
                     for k, v in _part(state, "value_head.").items()}
             save_file(head, str(directory / "value_head.safetensors"))
         return directory
+
+
+def uses_fsdp(trainer: Any) -> bool:
+    """The (Lightning) trainer shards the module with FSDP."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return trainer is not None and isinstance(trainer.strategy, FSDPStrategy)
+
+
+def save_trained_policy(trainer: Any, policy: HFPolicy, tokenizer: Any, directory: str) -> None:
+    """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. Under FSDP every
+    rank takes part in gathering the full state dict first."""
+    state = None
+    if uses_fsdp(trainer):  # collective: the full, unsharded weights, on rank 0 only
+        full = trainer.strategy.lightning_module_state_dict()
+        state = _part(full, "policy.")
+    if trainer.is_global_zero:
+        policy.save_pretrained(directory, tokenizer, state_dict=state)
 
 
 def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:

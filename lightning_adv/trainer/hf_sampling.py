@@ -27,7 +27,6 @@ slower): the benchmark's baseline.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -35,8 +34,10 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.sampling import Episode, finite_or_raise, start_episodes
-from lightning_adv.trainer.tasks import TaskError, TaskRuntime, Turn
+from lightning_adv.trainer.episode import Episode, start_episodes
+from lightning_adv.trainer.sampling import finite_or_raise
+from lightning_adv.trainer.task_base import TaskError, Turn
+from lightning_adv.trainer.tasks import TaskRuntime
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,7 @@ def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_sam
         picked_logp = logp.gather(1, picked.to(logp.device)).squeeze(1).tolist()
         for j, r in enumerate(active):
             ep, token = episodes[r], int(picked[j])
-            ep.tokens.append(token)
-            ep.generated.append(True)
-            ep.logprobs.append(picked_logp[j])
-            ep.turn_ids.append(len(ep.turns))
+            ep.append_generated(token, picked_logp[j])
             turn_tokens[r].append(token)
             eos = token in vocab.eos_ids
             stop = _stop_string(vocab, turn_tokens[r], stops) if stops and not eos else None
@@ -151,24 +149,10 @@ def _end_turn(ep: Episode, tokens: list[int], eos: bool, stop: Optional[str],
               runtime: TaskRuntime) -> list[int]:
     """Record the finished turn; the environment's reply tokens (appended to the episode),
     or [] when the episode is over."""
-    vocab, task = runtime.vocab, runtime.task
+    vocab = runtime.vocab
     text = vocab.decode(tokens[:-1] if eos else tokens)
-    ep.turns.append(Turn(text=text, tokens=tuple(vocab.token_text(t) for t in tokens), eos=eos,
-                         stop=stop))
-    if len(ep.turns) >= task.max_turns:
-        ep.done = True
-        return []
-    answer = runtime.reply_with_text(ep.instance, tuple(ep.turns), ep.index)
-    if answer is None:
-        ep.done = True
-        return []
-    reply_text, reply = answer
-    ep.turns[-1] = dataclasses.replace(ep.turns[-1], reply=reply_text)
-    ep.tokens.extend(reply)
-    ep.generated.extend([False] * len(reply))
-    ep.logprobs.extend([0.0] * len(reply))
-    ep.turn_ids.extend([-1] * len(reply))
-    return reply
+    turn = Turn(text=text, tokens=tuple(vocab.token_text(t) for t in tokens), eos=eos, stop=stop)
+    return ep.end_turn(turn, runtime)
 
 
 def _check_window(runtime: TaskRuntime, episodes: list[Episode], rows: _Rows,

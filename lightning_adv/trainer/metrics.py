@@ -13,7 +13,7 @@ tensors to log.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import torch
@@ -64,6 +64,29 @@ class StepMetrics(nn.Module):
         step with none scored adds nothing (under DDP the other ranks' episodes count)."""
         scored = ~torch.isnan(value)
         self.update(name, torch.where(scored, value, torch.zeros_like(value)), scored.float())
+
+    def update_step(self, batch: Mapping[str, Any], out: Mapping[str, Any],
+                    groups: Sequence[Sequence[Any]], sampled: Sequence[Sequence[Any]]) -> None:
+        """The episode metrics of one training step: its rollout ``batch`` of the episodes of
+        ``groups``, the advantage module's output ``out``, and ``sampled``, the groups whose
+        rewards ``train/task_reward`` reports (under dynamic sampling the first round's,
+        unfiltered)."""
+        m = out["loss_mask"]
+        episodes = [ep for group in groups for ep in group]
+        task_rewards = torch.tensor([ep.reward for ep in episodes], device=m.device)
+        reported = [ep.reward for group in sampled for ep in group]
+        # Unscorable episodes (NaN, actor.unscorable_rewards: exclude) have no reward to
+        # average: the reward means are over the scored ones (the lengths count them all).
+        self.update_scored("task_reward", torch.tensor(reported, device=m.device))
+        self.update_scored("rlhf_reward", rlhf_rewards(task_rewards, out))
+        self.update("response_length", batch["loss_mask"].sum(1).float())
+        self.update("truncated", batch["is_truncated"].float())
+        self.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
+        if self.critic:
+            # An unscorable row's returns are its own values (it has no target): counted,
+            # its tokens would be perfectly predicted ones and lift explained variance.
+            scored = m if "unscorable" not in out else m * ~out["unscorable"][:, None]
+            self.update_values(batch["values"], out["returns"], scored)
 
     def update_values(self, values: Tensor, returns: Tensor, mask: Tensor) -> None:
         active = mask > 0

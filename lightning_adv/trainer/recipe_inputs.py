@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policy import SMALL_VOCAB
+from lightning_adv.trainer.logprobs import SMALL_VOCAB
 from lightning_adv.trainer.sampling import generate, score
 from lightning_adv.trainer.tasks import TaskError, TaskRuntime
 from lightning_adv.trainer.token_stats import sum_pi_squared_chunked
@@ -73,4 +73,4 @@ def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:
     if greedy_baseline and "reward_baselines" not in needs:
         warnings.warn("ppo.greedy_baseline: true, but no advantage stage reads "
                       "'reward_baselines'; the greedy responses are sampled for nothing",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)

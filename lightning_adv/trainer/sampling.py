@@ -11,43 +11,16 @@ batch and its complete metadata (one prompt group per prompt).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_adv.batch.grouping import BatchMeta
-from lightning_adv.trainer.policy import scaled_log_softmax
-from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn, checked_user_number
-
-
-@dataclass
-class Episode:
-    """One sampled episode: its tokens, what was generated, and how it was scored."""
-
-    index: int
-    """prompt index in the pool"""
-    instance: Any
-    tokens: list[int]
-    generated: list[bool]
-    """token i was sampled from the policy"""
-    logprobs: list[float]
-    """behaviour log-prob of token i (token-aligned), 0 off generated tokens"""
-    turn_ids: list[int]
-    """policy turn of token i, -1 off generated tokens"""
-    turns: list[Turn]
-    done: bool = False
-    reward: float = 0.0
-    token_rewards: Optional[list[float]] = None
-    sample: Optional[Sample] = None
-    values: Optional[list[float]] = None
-    """the critic's value after reading token i (next-token convention), when the sampler
-    computed them (KV-cache decoding with a value head)"""
-
-    @property
-    def truncated(self) -> bool:
-        return bool(self.turns) and not self.turns[-1].ended
+from lightning_adv.trainer.logprobs import scaled_log_softmax
+from lightning_adv.trainer.episode import Episode, start_episodes
+from lightning_adv.trainer.task_base import Sample, TaskError, Turn
+from lightning_adv.trainer.tasks import TaskRuntime, checked_user_number
 
 
 @torch.no_grad()
@@ -94,43 +67,14 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
         picked = (logp.argmax(dim=-1) if greedy
                   else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
-        picked_ids = picked.tolist()
         buffer[rows, lengths] = picked.to(device)
-        replies: list[int] = []  # flat buffer positions and tokens of the replies
-        reply_tokens: list[int] = []
-        for j, row in enumerate(rows):
-            ep, token = episodes[row], picked_ids[j]
-            ep.tokens.append(token)
-            ep.generated.append(True)
-            ep.logprobs.append(picked_logp[j])
-            ep.turn_ids.append(len(ep.turns))
-            turn_tokens[row].append(token)
-            if token != vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
-                continue
-            start = len(ep.tokens)
-            _end_turn(ep, turn_tokens[row], runtime)
-            replies.extend(range(row * width + start, row * width + len(ep.tokens)))
-            reply_tokens.extend(ep.tokens[start:])
-            turn_tokens[row] = []
-        if replies:
-            buffer.view(-1)[torch.tensor(replies, device=device)] = torch.tensor(
-                reply_tokens, device=device)
+        _take_tokens(buffer, episodes, rows, picked.tolist(), picked_logp, turn_tokens,
+                     max_new_tokens, runtime)
 
     if reader is not None and reader.values is not None:
         reader.finish(buffer, episodes, read_last=last_values)
     groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
     return groups
-
-
-def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
-    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
-    episodes: list[Episode] = []
-    for index in indices:
-        instance, prompt = runtime.instance(int(index))
-        for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
-    return episodes
 
 
 class _CachedReader:
@@ -201,26 +145,38 @@ class _CachedReader:
             ep.values = values[: len(ep.tokens)]
 
 
-def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> None:
-    """Close the episode's turn of ``tokens``; the environment's reply (if the episode
-    goes on) is appended to its tokens (the caller writes them into the token buffer)."""
-    vocab, task = runtime.vocab, runtime.task
-    eos = tokens[-1] == vocab.eos_id
-    texts = tuple(map(vocab.token_text, tokens))
-    turn = Turn(text=vocab.decode(tokens), tokens=texts, eos=eos)
-    ep.turns.append(turn)
-    if len(ep.turns) >= task.max_turns:
-        ep.done = True
-        return
-    reply = runtime.reply(ep.instance, tuple(ep.turns), ep.index)
-    if reply is None:
-        ep.done = True
-        return
-    ep.turns[-1] = Turn(text=turn.text, tokens=texts, eos=eos, reply=vocab.decode(reply))
-    ep.tokens.extend(reply)
-    ep.generated.extend([False] * len(reply))
-    ep.logprobs.extend([0.0] * len(reply))
-    ep.turn_ids.extend([-1] * len(reply))
+def _take_tokens(buffer: Tensor, episodes: list[Episode], rows: list[int], picked: list[int],
+                 picked_logp: list[float], turn_tokens: list[list[int]], max_new_tokens: int,
+                 runtime: TaskRuntime) -> None:
+    """Append each of ``rows``' sampled token to its episode; a row whose turn ends (at
+    ``<eos>`` or the token limit) gets the environment's reply, written into ``buffer``
+    too (its ``[B, W]`` token rows; the sampled tokens the caller has written)."""
+    width = buffer.shape[1]
+    replies: list[int] = []  # flat buffer positions and tokens of the replies
+    reply_tokens: list[int] = []
+    for j, row in enumerate(rows):
+        ep, token = episodes[row], picked[j]
+        ep.append_generated(token, picked_logp[j])
+        turn_tokens[row].append(token)
+        if token != runtime.vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
+            continue
+        reply = _end_turn(ep, turn_tokens[row], runtime)
+        end = row * width + len(ep.tokens)
+        replies.extend(range(end - len(reply), end))
+        reply_tokens.extend(reply)
+        turn_tokens[row] = []
+    if replies:
+        buffer.view(-1)[torch.tensor(replies, device=buffer.device)] = torch.tensor(
+            reply_tokens, device=buffer.device)
+
+
+def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> list[int]:
+    """Close the episode's turn of ``tokens``; the environment's reply tokens, appended to
+    the episode ([] when it is over)."""
+    vocab = runtime.vocab
+    turn = Turn(text=vocab.decode(tokens), tokens=tuple(map(vocab.token_text, tokens)),
+                eos=tokens[-1] == vocab.eos_id)
+    return ep.end_turn(turn, runtime)
 
 
 Scorer = tuple[str, Callable[..., Any], float, Mapping[str, Any]]

@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policy import CausalTransformer, next_token_logprobs, picked_logprobs
+from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.logprobs import next_token_logprobs, picked_logprobs
 from lightning_adv.trainer.recipe_inputs import sum_pi_squared
 
 Model = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]

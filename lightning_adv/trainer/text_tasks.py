@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lightning_adv.trainer.tasks import AdditionTask, ReverseTask, Sample, Task
+from lightning_adv.trainer.builtin_tasks import AdditionTask, ReverseTask
+from lightning_adv.trainer.task_base import Sample, Task
 
 
 def reverse_record(rng: random.Random, alphabet: str = "abcde", min_len: int = 2,

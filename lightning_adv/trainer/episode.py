@@ -1,0 +1,89 @@
+"""One sampled episode as both samplers build it, token by token and turn by turn.
+
+The built-in sampler (:func:`~lightning_adv.trainer.sampling.generate`) and the Hugging
+Face one (:func:`~lightning_adv.trainer.hf_sampling.hf_generate`) keep an episode's
+per-token lists in step through :meth:`Episode.append_generated` and
+:meth:`Episode.append_reply`, and close a policy turn with :meth:`Episode.end_turn`
+(which asks the task's environment for its reply).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from lightning_adv.trainer.task_base import Sample, Turn
+from lightning_adv.trainer.tasks import TaskRuntime
+
+
+@dataclass
+class Episode:
+    """One sampled episode: its tokens, what was generated, and how it was scored."""
+
+    index: int
+    """prompt index in the pool"""
+    instance: Any
+    tokens: list[int]
+    generated: list[bool]
+    """token i was sampled from the policy"""
+    logprobs: list[float]
+    """behaviour log-prob of token i (token-aligned), 0 off generated tokens"""
+    turn_ids: list[int]
+    """policy turn of token i, -1 off generated tokens"""
+    turns: list[Turn]
+    done: bool = False
+    reward: float = 0.0
+    token_rewards: Optional[list[float]] = None
+    sample: Optional[Sample] = None
+    values: Optional[list[float]] = None
+    """the critic's value after reading token i (next-token convention), when the sampler
+    computed them (KV-cache decoding with a value head)"""
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.turns) and not self.turns[-1].ended
+
+    def append_generated(self, token: int, logp: float) -> None:
+        """A token the policy sampled, with its behaviour log-prob, in the current turn."""
+        self.tokens.append(token)
+        self.generated.append(True)
+        self.logprobs.append(logp)
+        self.turn_ids.append(len(self.turns))
+
+    def append_reply(self, tokens: Sequence[int]) -> None:
+        """Tokens the policy did not generate (the environment's reply): loss mask 0,
+        log-prob 0, turn id -1."""
+        self.tokens.extend(tokens)
+        self.generated.extend([False] * len(tokens))
+        self.logprobs.extend([0.0] * len(tokens))
+        self.turn_ids.extend([-1] * len(tokens))
+
+    def end_turn(self, turn: Turn, runtime: TaskRuntime) -> list[int]:
+        """Close the policy turn ``turn``. The episode ends at the task's last turn or when
+        the environment has no reply; otherwise the reply's tokens are appended (and
+        returned, for the caller's token buffer) and its text recorded on the turn."""
+        self.turns.append(turn)
+        if len(self.turns) >= runtime.task.max_turns:
+            self.done = True
+            return []
+        answer = runtime.reply_with_text(self.instance, tuple(self.turns), self.index)
+        if answer is None:
+            self.done = True
+            return []
+        text, reply = answer
+        self.turns[-1] = dataclasses.replace(turn, reply=text)
+        self.append_reply(reply)
+        return reply
+
+
+def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
+    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
+    episodes: list[Episode] = []
+    for index in indices:
+        instance, prompt = runtime.instance(int(index))
+        for _ in range(n_samples):
+            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+    return episodes

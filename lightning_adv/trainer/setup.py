@@ -1,0 +1,338 @@
+"""One setup plan for the trainer: every config coerced once, every setup check run once.
+
+:meth:`TrainerPlan.build` is what both :class:`~lightning_adv.trainer.ppo.PPOModule` and
+the CLI's pre-flight check (:func:`validate_model_config`, before anything runs) call, so
+the two run the same checks in the same order and cannot drift apart:
+
+1. the config sections (``actor``, ``policy``, ``ppo``, ``task``, ``prm``,
+   ``kl_controller``, ``evaluation``, ``sample_log``), from dataclasses or mappings;
+2. combinations the trainer cannot run (:func:`check_trainer_options`) and a value head
+   next to a critic-free recipe (:func:`warn_unused_critic`, a warning);
+3. a Hugging Face policy's files, tokenizer and dtype (no weights loaded), or the
+   built-in policy's sampler options (:func:`check_hf_options`);
+4. the task with its tokenizer and sequence budget (:func:`task_runtime`), its first
+   prompts (a dataset's every line), the length penalty's budget and the shape of one
+   step's rollout over the ranks (:func:`check_rollout_shape`);
+5. the process scorers (every configured path resolved), the advantage module with its
+   stages, the greedy baseline's reader, and the loss.
+
+Building the plan builds no network: the policies come from
+:meth:`TrainerPlan.build_policies`, which only the module calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from lightning_adv.config import ActorConfig, check_process_mode, critic_free_reason
+from lightning_adv.dotted_path import is_dotted_path
+from lightning_adv.dotted_path import import_object, resolve_callable
+from lightning_adv.losses.kl_controllers import KLControllerConfig
+from lightning_adv.advantage.module import AdvantageModule
+from lightning_adv.losses.ppo_loss import PPOLoss
+from lightning_adv.trainer.config import PPOConfig, PRMConfig, coerce_config, module_hparams
+from lightning_adv.trainer.data import derive_seed
+from lightning_adv.trainer.evaluation import EvalConfig
+from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.policy_config import PolicyConfig
+from lightning_adv.trainer.recipe_inputs import check_greedy_baseline
+from lightning_adv.trainer.sample_log import SampleLogConfig
+from lightning_adv.trainer.sampling import Scorer
+from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
+from lightning_adv.trainer.update import build_loss
+
+#: the ``model`` section's config dataclasses, in the order they are coerced (and checked)
+SECTIONS: dict[str, type] = {
+    "actor": ActorConfig, "policy": PolicyConfig, "ppo": PPOConfig, "task": TaskConfig,
+    "prm": PRMConfig, "kl_controller": KLControllerConfig, "evaluation": EvalConfig,
+    "sample_log": SampleLogConfig}
+
+DEFAULT_ADVANTAGE_MODULE = "lightning_adv.AdvantageModule"
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    """A checked ``PPOModule`` config and what its setup derives from it."""
+
+    actor: ActorConfig
+    policy: PolicyConfig
+    ppo: PPOConfig
+    task: TaskConfig
+    prm: PRMConfig
+    kl_controller: KLControllerConfig
+    evaluation: EvalConfig
+    sample_log: SampleLogConfig
+    advantage_module: str
+    """dotted path of the AdvantageModule (sub)class"""
+    seed: Optional[int]
+    hf: Any
+    """a Hugging Face policy's setup (config, tokenizer, context window), or None"""
+    runtime: TaskRuntime
+    max_new_tokens: int
+    """tokens per policy turn"""
+    max_len: int
+    """the built-in policy's sequence length"""
+    scorers: list[Scorer]
+    """the process scorers to run (none unless prm.enabled)"""
+    advantage: AdvantageModule
+    loss: PPOLoss
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], world_size: int = 1) -> TrainerPlan:
+        """Coerce and check the ``model`` section ``values`` (dataclasses or mappings) for a
+        run on ``world_size`` ranks. Raises ``ValueError`` (or ``TypeError``) naming the
+        key (``actor.advantage.estimator: ...``); a task function's bad output is a
+        :class:`~lightning_adv.trainer.tasks.TaskError`. Its warnings (stacklevel 4) point
+        at the line that built the ``PPOModule`` or called :func:`validate_model_config`."""
+        configs = {name: coerce_config(kind, values.get(name), name)
+                   for name, kind in SECTIONS.items()}
+        actor, policy, ppo, task, prm = (configs[name] for name in
+                                         ("actor", "policy", "ppo", "task", "prm"))
+        check_trainer_options(actor, prm, configs["kl_controller"])
+        warn_unused_critic(actor, policy)
+        hf = check_hf_options(policy, ppo, task)
+        runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, hf,
+                                                        actor.unscorable_rewards)
+        # A dataset's every line (a missing prompt, one too long for the model) fails here,
+        # before training; drawn tasks check the prompts of the first steps.
+        runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
+        check_length_penalty(actor, runtime, max_new_tokens)
+        check_rollout_shape(actor, ppo, task, runtime, world_size)
+        scorers = resolve_scorers(prm)
+        path = values.get("advantage_module") or DEFAULT_ADVANTAGE_MODULE
+        advantage = build_advantage_module(path, actor)
+        check_greedy_baseline(advantage.required_batch_keys, ppo.greedy_baseline)
+        loss = build_loss(ppo, max_new_tokens * runtime.task.max_turns)
+        return cls(**configs, advantage_module=path, seed=values.get("seed"), hf=hf,
+                   runtime=runtime, max_new_tokens=max_new_tokens, max_len=max_len,
+                   scorers=scorers, advantage=advantage, loss=loss)
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The module's hyper-parameters as plain YAML types (what checkpoints store)."""
+        return module_hparams(self.actor, self.policy, self.ppo, self.task, self.prm,
+                              self.advantage_module, self.seed, self.kl_controller,
+                              self.evaluation, self.sample_log)
+
+    @property
+    def prm_shaping(self) -> Any:
+        """The call-time process shaping passed to the advantage module (None: prm off)."""
+        return self.prm.advantage_shaping if self.prm.enabled else None
+
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term (reward penalty or loss) or a stage reading ``ref_logp`` needs the
+        frozen reference policy."""
+        return (self.actor.kl_ctl > 0 or self.ppo.kl_loss_coef > 0
+                or "ref_logp" in self.advantage.required_batch_keys)
+
+    def build_policies(self, seed: int) -> tuple[torch.nn.Module, Any]:
+        """The policy and, when a KL term needs it, the frozen reference (under LoRA the
+        policy with its adapters disabled). The initial weights come from ``seed`` (the
+        run's), not from whatever the global RNG holds: the same seed, the same policy."""
+        if self.hf is not None:
+            from lightning_adv.trainer.hf_policy import build_hf_policy
+
+            policy = build_hf_policy(self.policy, seed=derive_seed(seed, "init"))
+            return policy, policy.reference() if self.needs_reference else None
+        vocab = self.runtime.vocab
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "init"))
+            policy = CausalTransformer(self.policy, len(vocab), self.max_len,
+                                       banned_tokens=(vocab.pad_id, vocab.bos_id))
+        if not self.needs_reference:
+            return policy, None
+        reference = copy.deepcopy(policy)
+        reference.value_head = None
+        reference.requires_grad_(False)  # no dropout or batch norm: mode is moot
+        return policy, reference
+
+
+def validate_model_config(values: Mapping[str, Any],
+                          trainer: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """The CLI's pre-flight check of a ``PPOModule`` config (the ``model`` section), without
+    building any network: :meth:`TrainerPlan.build` over ``trainer``'s ranks (when
+    given). Raises ``ValueError`` naming the key; returns the module's hyper-parameters as
+    its checkpoints store them."""
+    return TrainerPlan.build(values, world_size_of(trainer)).hparams
+
+
+def build_advantage_module(path: str, actor: ActorConfig) -> AdvantageModule:
+    """Import the ``advantage_module`` class, check it, and build it (resolving stages)."""
+    cls = import_object(path, "advantage_module") if is_dotted_path(path) else None
+    if not (isinstance(cls, type) and issubclass(cls, AdvantageModule)):
+        raise ValueError(f"advantage_module: expected the dotted path of an AdvantageModule "
+                         f"subclass, got {path!r}" + (f" ({cls!r})" if cls is not None else ""))
+    parameters = inspect.signature(cls.forward).parameters
+    if "kl_coef" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        # The trainer passes its KL controller's coefficient with every call.
+        raise ValueError(f"advantage_module: {path!r} overrides forward without the keyword "
+                         f"argument kl_coef; declare forward(self, batch, meta=None, *, "
+                         f"prm=None, kl_coef=None) and pass kl_coef on to super().forward")
+    return cls(actor)
+
+
+def resolve_scorers(prm: PRMConfig) -> list[Scorer]:
+    """The process scorers to run, as (key, function, weight, kwargs): none unless
+    ``prm.enabled``, but every configured path is resolved (and its kwargs checked) either
+    way, so a typo fails before training."""
+    scorers = [(f"prm.scorers[{i}] {s.path!r}",
+                resolve_callable(s.path, s.kwargs, f"prm.scorers[{i}].path"),
+                float(s.weight), dict(s.kwargs))
+               for i, s in enumerate(prm.scorers)]
+    return scorers if prm.enabled else []
+
+
+def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
+    """A pretrained policy's setup (files, config, tokenizer, dtype; no weights loaded), or
+    None for the built-in policy, whose sampler has no top-k / top-p and no stop strings."""
+    if policy.pretrained is None:
+        for name, off in (("top_k", 0), ("top_p", 1.0)):
+            if getattr(ppo, name) != off:
+                raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
+                                 f"(policy.pretrained) only; the built-in policy samples from "
+                                 f"the full distribution")
+        if task.stop_strings:
+            raise ValueError("task.stop_strings: supported with a Hugging Face policy "
+                             "(policy.pretrained) only; the built-in policy's turns end at "
+                             "<eos> or the token limit")
+        return None
+    from lightning_adv.trainer.hf_policy import check_device_dtype, check_hf_policy
+
+    hf = check_hf_policy(policy, task.chat_template)
+    if policy.dtype == "float16" and not torch.cuda.is_available():
+        check_device_dtype(policy.dtype, "cpu")
+    return hf
+
+
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any,
+                 unscorable_rewards: str = "error") -> tuple[TaskRuntime, int, int]:
+    """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
+    ``hf``), the tokens per policy turn and the built-in policy's sequence length; under
+    ``unscorable_rewards: exclude`` its reward may be None or NaN (unscorable). With a
+    HF policy every prompt must leave room in the context window for the episode: every
+    turn's limit and the replies between (counted in the task's symbols; a chat
+    template's framing is checked while sampling)."""
+    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None,
+                          unscorable_rewards=unscorable_rewards)
+    max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
+    if hf is not None:
+        t = runtime.task
+        runtime.context_window = hf.context_window
+        runtime.episode_budget = t.max_turns * max_new_tokens + (t.max_turns - 1) * t.max_reply_len
+    return runtime, max_new_tokens, max_len
+
+
+def warn_unused_critic(actor: ActorConfig, policy: PolicyConfig) -> None:
+    """A critic-free recipe with a value head: GAE would subtract the critic's values on top
+    of the recipe's own baseline (or train a critic nobody reads)."""
+    reason = critic_free_reason(actor)
+    if policy.value_head and reason is not None:
+        warnings.warn(f"policy.value_head: true, but {reason}; the critic's values are subtracted "
+                      f"as a second baseline or trained for nothing. Set model.policy.value_head: "
+                      f"false for a critic-free recipe", UserWarning, stacklevel=4)
+
+
+def sequence_budget(runtime: TaskRuntime, ppo: PPOConfig, policy: PolicyConfig) -> tuple[int, int]:
+    """Tokens per policy turn and the policy's sequence length; the length must fit the
+    task's longest episode."""
+    max_new_tokens = ppo.max_new_tokens or runtime.task.max_new_tokens
+    needed = runtime.task.max_episode_len(max_new_tokens)
+    if policy.max_seq_len is not None and policy.max_seq_len < needed:
+        raise ValueError(f"policy.max_seq_len: the task's longest episode has {needed} tokens "
+                         f"(with ppo.max_new_tokens={max_new_tokens}), got {policy.max_seq_len}")
+    return max_new_tokens, policy.max_seq_len or needed
+
+
+def check_length_penalty(actor: ActorConfig, runtime: TaskRuntime, max_new_tokens: int) -> None:
+    """The DAPO length penalty counts an episode's generated tokens against
+    ``actor.max_new_tokens``: it must be the trainer's budget, or no row is ever penalized
+    (the default 1024 dwarfs these tasks)."""
+    budget = max_new_tokens * runtime.task.max_turns
+    if actor.overlong_reward_penalty and actor.max_new_tokens != budget:
+        raise ValueError(f"actor.max_new_tokens: the length penalty compares generated tokens "
+                         f"with it, and this run generates at most {budget} per episode "
+                         f"(ppo.max_new_tokens {max_new_tokens} x {runtime.task.max_turns} turns); "
+                         f"set it to {budget}, got {actor.max_new_tokens}")
+
+
+def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
+                          kl_controller: KLControllerConfig = KLControllerConfig()) -> None:
+    """Combinations the trainer cannot run, caught before training; errors name the key."""
+    if prm.scorers and not prm.enabled:
+        warnings.warn("prm.scorers: process scorers are configured but prm.enabled is false, so "
+                      "they are not run; set prm.enabled: true to use them", stacklevel=4)
+    if kl_controller.type == "adaptive" and actor.kl_ctl == 0:
+        raise ValueError("kl_controller.type: the adaptive controller scales actor.kl_ctl, which "
+                         "is 0 (it would stay 0); set actor.kl_ctl > 0 or use type 'fixed'")
+    process = actor.advantage.process_adv_shaping
+    if prm.enabled and not actor.advantage.is_replaced and (
+            process is None or process.implementation == "auto"):
+        # The call-time mode is used: check it against the actor now, not at step 1.
+        check_process_mode("prm.advantage_shaping.mode", prm.advantage_shaping.mode, actor)
+    if actor.use_decoupled_loss:
+        raise ValueError("actor.use_decoupled_loss: the built-in trainer is synchronous (behaviour "
+                         "and proximal policy are the same model), so the decoupled loss is not "
+                         "supported; set it to false")
+
+
+#: built-in outcome stages whose baseline is the prompt group's (zero for one-member groups)
+GROUP_BASELINE_STAGES = ("opo_baseline", "gpg")
+
+
+def group_settings(actor: ActorConfig) -> list[str]:
+    """The actor's settings that compare the responses of one prompt group."""
+    found = [f"actor.{name}.{level}" for name in ("reward_norm", "adv_norm")
+             for level in ("mean_level", "std_level")
+             if getattr(actor, name) is not None and getattr(getattr(actor, name), level) == "group"]
+    outcome = actor.advantage.outcome_reward_shaping
+    if outcome is not None and outcome.implementation in GROUP_BASELINE_STAGES:
+        found.append(f"actor.advantage.outcome_reward_shaping ({outcome.implementation!r})")
+    return found
+
+
+def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
+                        runtime: TaskRuntime, world_size: int = 1) -> None:
+    """What one training step's rollout must hold for the config to make sense."""
+    grouped = group_settings(actor)
+    if grouped and ppo.n_samples < 2:
+        raise ValueError(f"ppo.n_samples: each prompt needs at least 2 samples, because "
+                         f"{', '.join(grouped)} work within each prompt's group of responses "
+                         f"(with 1 sample every advantage is 0), got {ppo.n_samples}")
+    if runtime.num_prompts < ppo.prompts_per_step:
+        raise ValueError(f"task.num_prompts: the pool ({runtime.num_prompts}) is smaller than one "
+                         f"step's prompts (ppo.prompts_per_step={ppo.prompts_per_step})")
+    rows = ppo.prompts_per_step // max(world_size, 1) * ppo.n_samples
+    if ppo.minibatches > rows:
+        raise ValueError(f"ppo.minibatches: each minibatch needs at least one row, and a step has "
+                         f"{rows} rows per rank (ppo.prompts_per_step {ppo.prompts_per_step} / "
+                         f"{world_size} rank(s) x ppo.n_samples {ppo.n_samples}), got "
+                         f"{ppo.minibatches}")
+    if actor.estimator_unit == "turn" and runtime.task.max_turns < 2:
+        spec = actor.advantage.estimator
+        key = ("actor.advantage.estimator" if spec is not None and spec.implementation == "turn_gae"
+               else "actor.gae_timestep_unit")
+        raise ValueError(f"{key}: turn-level GAE needs a multi-turn task (the batch's turn_ids), "
+                         f"and task {task.name!r} has one turn per episode; use estimator "
+                         f"token_gae or a multi-turn task (guess)")
+
+
+def world_size_of(trainer: Optional[Mapping[str, Any]]) -> int:
+    """Ranks the trainer config asks for, where knowable without starting it (else 1)."""
+    if not trainer:
+        return 1
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, str) and devices.isdigit():  # the CLI parses "2" as a string
+        devices = int(devices)
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * nodes
+    return nodes
