@@ -1,18 +1,21 @@
+"""Shared fixtures. The test helpers are the package ``tests.support``; ``tests`` and the
+``examples`` package import from the repository root, which pytest puts on ``sys.path``
+(``tests`` is a package)."""
+
 import os
 import sys
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-# Test helpers (reference loops, strategies, case loaders) live beside the tests; the
-# examples package is imported from the repository root.
-sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parent))
 
 # Tests never touch the network: Hugging Face models and tokenizers are built locally.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def plain_argv(monkeypatch):
+    # LightningCLI warns when args= is given while sys.argv holds pytest's own arguments.
+    monkeypatch.setattr(sys, "argv", ["lightning_adv"])
 
 
 @pytest.fixture(scope="session")

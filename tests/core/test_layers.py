@@ -1,0 +1,158 @@
+"""The package's shape: layers that only import downwards, no import cycle, files and
+functions of a readable size, imports without side effects, deprecated names that warn."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "lightning_adv"
+
+#: Each module's layer, by the longest matching prefix; a module may import only modules
+#: of its own layer or below. (The docs' architecture page draws the same table.)
+LAYERS = {
+    "lightning_adv.exceptions": 0, "lightning_adv._checks": 0, "lightning_adv.dotted_path": 0,
+    "lightning_adv.distributed": 0,
+    "lightning_adv.ops": 1, "lightning_adv.batch.grouping": 1,
+    "lightning_adv.stages.registry": 2, "lightning_adv.config": 2,
+    "lightning_adv.stages": 3, "lightning_adv.batch": 3,
+    "lightning_adv.advantage": 4,
+    "lightning_adv.losses": 5, "lightning_adv.metrics": 5,
+    "lightning_adv.recipes": 6, "lightning_adv.testing": 6,
+    "lightning_adv.trainer": 7,
+    "lightning_adv.cli": 8, "lightning_adv.__main__": 8, "lightning_adv": 8,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    match = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[match]
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports when it runs (``TYPE_CHECKING`` blocks left
+    out; function-level imports included)."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {n for n in names if n in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): runtime_imports(p) - {module_name(p)}
+            for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_import_goes_down_or_sideways_a_layer():
+    upward = [(m, d) for m, deps in import_graph().items() for d in deps
+              if m != "lightning_adv" and not d.startswith(m + ".") and layer(d) > layer(m)]
+    assert not upward, f"imports that go up a layer: {upward}"
+
+
+def test_there_is_no_import_cycle():
+    graph = import_graph()
+    # A package's __init__ re-exporting its own modules is not a cycle with them.
+    graph = {m: {d for d in deps if not (d.startswith(m + ".") or m.startswith(d + ".") and
+                                         d in graph and _is_package(d))}
+             for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in graph.get(node, ()):
+            if state.get(dep) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(dep):] + [dep])}")
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node)
+
+
+def _is_package(module: str) -> bool:
+    return (PACKAGE.parent / module.replace(".", "/") / "__init__.py").exists()
+
+
+def test_files_and_functions_stay_small():
+    too_long_files, too_long_functions = [], []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            too_long_files.append(f"{path.relative_to(PACKAGE)} ({text.count(chr(10))} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    too_long_functions.append(f"{path.relative_to(PACKAGE)}:{node.name} ({length})")
+    assert not too_long_files and not too_long_functions, (too_long_files, too_long_functions)
+
+
+def run_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True, timeout=120).stdout
+
+
+def test_importing_the_config_loads_no_kernel_and_no_stage_implementation():
+    loaded = run_python("import sys, lightning_adv.config\n"
+                        "print(' '.join(m for m in sys.modules if m.startswith('lightning_adv')))"
+                        ).split()
+    assert "lightning_adv.config" in loaded
+    for heavy in ("lightning_adv.ops.gae", "lightning_adv.stages.estimators",
+                  "lightning_adv.stages.outcome", "lightning_adv.advantage.module"):
+        assert heavy not in loaded, loaded
+
+
+def test_importing_the_package_changes_no_environment_variable_and_loads_no_trainer():
+    out = run_python("import os, sys; before = dict(os.environ); import lightning_adv\n"
+                     "from lightning_adv import AdvantageModule, PPOLoss, AdvantageMetrics\n"
+                     "print(dict(os.environ) == before, 'lightning.pytorch' in sys.modules)")
+    assert out.split() == ["True", "False"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("TrajBatchMeta", "BatchMeta"), ("GAELambdaInputs", "GAELambdaContext"),
+    ("SingletonGroupWarning", None), ("DroppedOutcomeRewardWarning", None)])
+def test_old_names_still_work_and_warn(old, new):
+    import lightning_adv
+    from lightning_adv import exceptions
+
+    with pytest.warns(DeprecationWarning, match=f"lightning_adv.{old} is deprecated"):
+        value = getattr(lightning_adv, old)
+    assert value is (getattr(lightning_adv, new) if new else getattr(exceptions, old))
+
+
+def test_the_public_names_resolve():
+    import lightning_adv
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of them is deprecated
+        for name in lightning_adv.__all__:
+            assert getattr(lightning_adv, name) is not None, name
+    assert lightning_adv.__version__.count(".") == 2
