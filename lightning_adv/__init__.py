@@ -39,6 +39,8 @@ _EXPORTS = {
     **dict.fromkeys(("AdaptiveKLController", "FixedKLController", "KLController",
                      "KLControllerConfig"), "lightning_adv.losses.kl_controllers"),
     "PPOLoss": "lightning_adv.losses.ppo_loss",
+    **dict.fromkeys(("rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection"),
+                    "lightning_adv.losses.rollout_correction"),
     "AdvantageMetrics": "lightning_adv.metrics.advantage_metrics",
     **dict.fromkeys(("compute_token_gae", "compute_turn_gae"), "lightning_adv.ops.gae"),
     "recipe": "lightning_adv.recipes",
@@ -62,7 +64,7 @@ __all__ = [
     "compute_token_gae", "compute_turn_gae", "GAELambdaContext", "compute_gae_lambda",
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
-    "KLControllerConfig",
+    "KLControllerConfig", "rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -105,6 +107,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.losses.kl_controllers import (
         AdaptiveKLController, FixedKLController, KLController, KLControllerConfig)
     from lightning_adv.losses.ppo_loss import PPOLoss
+    from lightning_adv.losses.rollout_correction import (
+        RolloutCorrection, RolloutCorrectionConfig, rollout_correction)
     from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
     from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae
     from lightning_adv.recipes import recipe
