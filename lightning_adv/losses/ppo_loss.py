@@ -17,9 +17,7 @@ Semantics follow verl's ``compute_policy_loss_vanilla``, ``agg_loss``, ``kl_pena
   as CleanRL logs it); verl logs the k1 mean ``-log r``.
 - Under torch.distributed every mode is normalized by counts summed over ranks and
   multiplied by the world size, so DDP's gradient averaging yields the gradient of the
-  loss over the global batch. verl does the same for the three "mean" modes but not for
-  ``seq-mean-token-sum-norm``, whose effective loss there shrinks with the number of
-  ranks; here it does not.
+  loss over the global batch (verl 0.9.1 does the same with its ``global_batch_info``).
 - ``seq-mean-token-sum-norm`` needs ``loss_scale_factor`` explicitly: verl defaults it to
   the padded width, which in this project's aligned batches includes the prompt and
   changes with every minibatch's padding, defeating Dr.GRPO's constant normalizer.
@@ -67,7 +65,9 @@ class PPOLoss(nn.Module):
         dual_clip: ``c > 1``: for negative advantages the loss is at most ``-A * c``
             (dual-clip PPO); None: off.
         loss_agg_mode: how per-token losses become a scalar: ``token-mean``,
-            ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``.
+            ``token-sum``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or
+            ``seq-mean-token-sum-norm`` (per-sequence sums averaged over non-empty
+            sequences, divided by ``loss_scale_factor``: Dr.GRPO's ``1/(G * L)``).
         kl_coef: weight of the KL-to-reference loss term (GRPO's beta); a number >= 0 or
             a KL controller (its current ``value`` is read at every call).
         kl_estimator: ``k1``, ``k2``, ``k3`` (= ``low_var_kl``) or ``abs``.

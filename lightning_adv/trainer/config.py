@@ -66,8 +66,9 @@ class PPOConfig:
     dual_clip: Optional[float] = None
     """dual-clip PPO: c > 1 bounds the loss of negative-advantage tokens by -A * c (null: off)"""
     loss_agg_mode: str = "token-mean"
-    """how per-token losses become one number (verl's agg_loss): token-mean,
-    seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm (Dr.GRPO)"""
+    """how per-token losses become one number (verl's agg_loss): token-mean, token-sum,
+    seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm (Dr.GRPO: token
+    sums averaged over sequences, divided by loss_scale_factor)"""
     loss_scale_factor: Optional[float] = None
     """the constant divisor of seq-mean-token-sum-norm (null: the episode's token budget,
     max_new_tokens x the task's turns)"""
