@@ -11,8 +11,10 @@ What users build on (each defined in the subpackage of its layer):
   :func:`register_stage` for named stages of your own;
 - the kernels: :func:`compute_token_gae`, :func:`compute_turn_gae`, the per-row GAE λ
   functions;
-- the loss side: :class:`PPOLoss`, :class:`AdvantageMetrics` and the KL controllers
-  (:class:`KLController` to write your own).
+- the loss side: :class:`PPOLoss` (verl's policy losses, :func:`register_policy_loss` for
+  your own), :func:`rollout_correction` (importance weights and rejection for off-policy
+  tokens), :class:`AdvantageMetrics` and the KL controllers (:class:`KLController` to
+  write your own).
 
 Errors and warnings are in :mod:`lightning_adv.exceptions`; the Lightning trainer is
 :class:`lightning_adv.trainer.PPOModule`. Every name is imported on first use, so
@@ -41,6 +43,8 @@ _EXPORTS = {
     "PPOLoss": "lightning_adv.losses.ppo_loss",
     **dict.fromkeys(("rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection"),
                     "lightning_adv.losses.rollout_correction"),
+    **dict.fromkeys(("register_policy_loss", "PolicyLossInputs"),
+                    "lightning_adv.losses.policy_loss_registry"),
     "AdvantageMetrics": "lightning_adv.metrics.advantage_metrics",
     **dict.fromkeys(("compute_token_gae", "compute_turn_gae"), "lightning_adv.ops.gae"),
     "recipe": "lightning_adv.recipes",
@@ -65,6 +69,7 @@ __all__ = [
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
     "KLControllerConfig", "rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection",
+    "register_policy_loss", "PolicyLossInputs",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -107,6 +112,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.losses.kl_controllers import (
         AdaptiveKLController, FixedKLController, KLController, KLControllerConfig)
     from lightning_adv.losses.ppo_loss import PPOLoss
+    from lightning_adv.losses.policy_loss_registry import PolicyLossInputs, register_policy_loss
     from lightning_adv.losses.rollout_correction import (
         RolloutCorrection, RolloutCorrectionConfig, rollout_correction)
     from lightning_adv.metrics.advantage_metrics import AdvantageMetrics

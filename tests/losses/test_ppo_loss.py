@@ -188,8 +188,8 @@ def test_aggregation_modes_by_hand():
     ("k3", -30.0, 10.0),  # exp(20) - 21 clamped to 10
 ])
 def test_kl_estimators_by_hand(estimator, d, want):
-    lp = torch.tensor([[d, 0.0]], dtype=torch.float64)
-    ref = torch.zeros_like(lp)
+    lp = torch.tensor([[d - 31.0, 0.0]], dtype=torch.float64)  # log-probs <= 0, d apart
+    ref = torch.full_like(lp, -31.0)
     assert kl_estimate(lp, ref, estimator)[0, 0].item() == pytest.approx(want, abs=1e-12)
     out = PPOLoss(kl_coef=0.5, kl_estimator=estimator)(
         lp, lp, torch.zeros_like(lp), torch.tensor([[1.0, 0.0]]), ref_logprobs=ref)
