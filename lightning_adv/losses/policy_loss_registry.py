@@ -176,9 +176,8 @@ def resolve_policy_loss(name: Any, kwargs: Any, key: str = "policy_loss") -> Pol
             takes = (f"it takes only {sorted(spec.kwarg_checks)}" if spec.kwarg_checks
                      else "it takes none")
             fail(f"{key}_kwargs", f"settings of policy loss {name!r} ({takes})", unknown)
-    else:
-        check_signature(spec.fn, kwargs, f"{key}_kwargs", spec.path,
-                        label=f"policy loss {name!r}")
+    # a required setting missing (dro's dro_beta) or one the function cannot take
+    check_signature(spec.fn, kwargs, f"{key}_kwargs", spec.path, label=f"policy loss {name!r}")
     for kwarg, value in kwargs.items():
         check = spec.kwarg_checks.get(kwarg)
         if check is not None:

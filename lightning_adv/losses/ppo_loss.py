@@ -128,7 +128,12 @@ class PPOLoss(nn.Module):
             its gradient), TRL's ``use_bias_correction_kl``: the tokens were sampled from
             π_old, not π_θ.
 
-    ``forward`` returns a dict: ``loss`` (to backpropagate) and detached diagnostics, each
+    ``forward`` takes ``[B, T]`` aligned tensors: ``logprobs``, ``values`` and ``entropy``
+    from the current policy (with gradients); ``rollout_logprobs`` (π_rollout: decoupled
+    mode's correction, the rollout KL term); ``rollout_is_weights`` and ``rollout_rs_mask``
+    (a correction computed outside: the weights and the loss mask after rejection); and
+    ``counts``, the :meth:`counts` of the minibatch these rows are a micro-batch of (None:
+    the rows are the whole minibatch). It returns a dict: ``loss`` (to backpropagate) and detached diagnostics, each
     a token mean over this rank's active tokens: ``policy_loss``, ``approx_kl``,
     ``clipfrac`` (plus ``clipfrac_high``/``clipfrac_low`` and each policy loss's own),
     ``value_loss`` (with ``values``), ``kl_loss`` (with ``ref_logprobs``), ``rollout_kl``
@@ -212,19 +217,11 @@ class PPOLoss(nn.Module):
                 values: Optional[Tensor] = None, old_values: Optional[Tensor] = None,
                 returns: Optional[Tensor] = None, entropy: Optional[Tensor] = None,
                 counts: Optional[TokenCounts] = None) -> dict[str, Tensor]:
-        """The loss and its diagnostics; all tensors ``[B, T]`` aligned, ``logprobs``,
-        ``values`` and ``entropy`` from the current policy (with gradients).
-        ``rollout_logprobs``: π_rollout (decoupled mode's correction, the rollout KL term);
-        ``rollout_is_weights``/``rollout_rs_mask``: a correction computed outside (the
-        weights and the loss mask after rejection). ``counts``: the :meth:`counts` of the
-        minibatch these rows are a micro-batch of (None: the rows are the whole minibatch)."""
+        """The loss and its diagnostics (see the class docstring for the arguments)."""
         kl_coef = self.current_kl_coef
         rollout_logprobs = self._check_inputs(
             logprobs, old_logprobs, advantages, loss_mask, rollout_logprobs, rollout_is_weights,
-            rollout_rs_mask, ref_logprobs, values, old_values, returns, entropy, kl_coef)
-        if counts is not None and not isinstance(counts, TokenCounts):
-            fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
-                 type(counts).__name__)
+            rollout_rs_mask, ref_logprobs, values, old_values, returns, entropy, kl_coef, counts)
         # Sums in at least float32: bfloat16 would count 257 tokens as 256.
         dtype = torch.promote_types(logprobs.dtype, torch.float32)
         mask = loss_mask.to(dtype)
@@ -250,26 +247,25 @@ class PPOLoss(nn.Module):
                                                 rollout_is_weights, rollout_rs_mask)
         loss, result = self._policy_term(logprobs, old_logprobs, advantages, mask, policy_mask,
                                          weights, counts, mean)
-        if entropy is not None:
-            result["entropy"] = mean(entropy)
-            if self.entropy_coef:
-                loss = loss - self.entropy_coef * agg(entropy)
         if values is not None:
             value_loss = self._value_loss(values, old_values, returns)
             result["value_loss"] = mean(value_loss)
             if self.value_coef:
                 loss = loss + self.value_coef * agg(value_loss)
-        if ref_logprobs is not None:
-            correction = (logprobs - old_logprobs) if self.use_bias_correction_kl else None
-            kl = kl_estimate(logprobs, ref_logprobs, self.kl_estimator, correction)
-            result["kl_loss"] = mean(kl)
-            if kl_coef:
-                loss = loss + kl_coef * agg(kl)
-        if rollout_logprobs is not None:
-            rollout_kl = kl_estimate(logprobs, rollout_logprobs, self.rollout_kl_estimator)
-            result["rollout_kl"] = mean(rollout_kl)
-            if self.rollout_kl_coef:
-                loss = loss + self.rollout_kl_coef * agg(rollout_kl)
+        kl_terms = (("kl_loss", ref_logprobs, self.kl_estimator, kl_coef,
+                     (logprobs - old_logprobs) if self.use_bias_correction_kl else None),
+                    ("rollout_kl", rollout_logprobs, self.rollout_kl_estimator,
+                     self.rollout_kl_coef, None))
+        for name, other, estimator, coef, log_ratio in kl_terms:
+            if other is not None:
+                kl = kl_estimate(logprobs, other, estimator, log_ratio)
+                result[name] = mean(kl)
+                if coef:
+                    loss = loss + coef * agg(kl)
+        if entropy is not None:
+            result["entropy"] = mean(entropy)
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * agg(entropy)
         result["loss"] = loss
         result["num_tokens"] = counts.local_tokens.detach()
         return result
@@ -339,7 +335,8 @@ class PPOLoss(nn.Module):
                       rollout_is_weights: Optional[Tensor], rollout_rs_mask: Optional[Tensor],
                       ref_logprobs: Optional[Tensor], values: Optional[Tensor],
                       old_values: Optional[Tensor], returns: Optional[Tensor],
-                      entropy: Optional[Tensor], kl_coef: float) -> Optional[Tensor]:
+                      entropy: Optional[Tensor], kl_coef: float,
+                      counts: Optional[TokenCounts]) -> Optional[Tensor]:
         """Shapes, dtypes, devices, masks, log-prob ranges, the inputs each option needs,
         and corrections that would apply twice; the rollout log-probs to use."""
         named = {"old_logprobs": old_logprobs, "advantages": advantages, "loss_mask": loss_mask,
@@ -366,4 +363,7 @@ class PPOLoss(nn.Module):
                  ("rollout_logprobs", rollout_logprobs, self.rollout_kl_coef > 0,
                   "rollout_kl_coef > 0")]
         check_forward_inputs(logprobs, named, loss_mask, needs)
+        if counts is not None and not isinstance(counts, TokenCounts):
+            fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
+                 type(counts).__name__)
         return rollout_logprobs

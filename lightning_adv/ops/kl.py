@@ -57,6 +57,9 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str,
     estimator has ``k2``'s gradient; ``log_importance_ratio`` (``log π_θ/π_old``) weights
     it by the importance ratio (see the module docstring)."""
     if estimator.endswith("+"):
+        if estimator not in LOSS_KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator: expected one of {', '.join(LOSS_KL_ESTIMATORS)}, "
+                             f"got {estimator!r}")
         value = kl_estimate(logprobs, ref_logprobs, estimator[:-1]).detach()
         k2 = 0.5 * (logprobs - ref_logprobs).square()
         estimate = k2 - k2.detach() + value
