@@ -46,6 +46,7 @@ _EXPORTS = {
     **dict.fromkeys(("register_policy_loss", "PolicyLossInputs"),
                     "lightning_adv.losses.policy_loss_registry"),
     "AdvantageMetrics": "lightning_adv.metrics.advantage_metrics",
+    "OffPolicyMetrics": "lightning_adv.metrics.off_policy_metrics",
     **dict.fromkeys(("compute_token_gae", "compute_turn_gae"), "lightning_adv.ops.gae"),
     "recipe": "lightning_adv.recipes",
     **dict.fromkeys(("GAELambdaContext", "compute_gae_lambda", "constant_gae_lambda",
@@ -69,7 +70,7 @@ __all__ = [
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
     "KLControllerConfig", "rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection",
-    "register_policy_loss", "PolicyLossInputs",
+    "register_policy_loss", "PolicyLossInputs", "OffPolicyMetrics",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -116,6 +117,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.losses.rollout_correction import (
         RolloutCorrection, RolloutCorrectionConfig, rollout_correction)
     from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
+    from lightning_adv.metrics.off_policy_metrics import OffPolicyMetrics
     from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae
     from lightning_adv.recipes import recipe
     from lightning_adv.stages.gae_lambda import (

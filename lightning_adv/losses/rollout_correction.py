@@ -268,18 +268,28 @@ def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask
     return RolloutCorrection(weights, kept, metrics)
 
 
+def raw_is_weights(log_ratio: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """The untruncated weights (0 off the mask) of ``log ρ`` per token or, at sequence
+    level, of its masked sum per row (clamped to ±20); and the log-ratio they come from
+    (``[B, T]``, or ``[B, 1]`` per sequence)."""
+    if level == "token":
+        return log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask, log_ratio
+    per_sequence = (log_ratio * mask).sum(-1, keepdim=True)
+    raw = per_sequence.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(log_ratio) * mask
+    return raw, per_sequence
+
+
+def bounded_weights(raw: Tensor, upper: float, lower: Optional[float]) -> Tensor:
+    """TIS (``lower`` None): truncated at ``upper``; IcePop: 0 outside ``[lower, upper]``."""
+    if lower is None:
+        return raw.clamp(max=upper)
+    return torch.where((raw >= lower) & (raw <= upper), raw, 0.0)
+
+
 def _is_weights(log_ratio: Tensor, mask: Tensor, level: str, upper: float,
                 lower: Optional[float]) -> tuple[Tensor, dict[str, Tensor]]:
-    if level == "token":
-        log_for_metrics = log_ratio
-        raw = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask
-    else:
-        log_for_metrics = (log_ratio * mask).sum(-1, keepdim=True)
-        raw = log_for_metrics.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(log_ratio) * mask
-    if lower is None:
-        weights = raw.clamp(max=upper)  # TIS
-    else:
-        weights = torch.where((raw >= lower) & (raw <= upper), raw, 0.0)  # IcePop
+    raw, log_for_metrics = raw_is_weights(log_ratio, mask, level)
+    weights = bounded_weights(raw, upper, lower)
     return weights, is_metrics(weights, raw, log_for_metrics, mask, level, upper, lower)
 
 
