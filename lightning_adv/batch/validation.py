@@ -39,7 +39,9 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               "tot_rewards", "kl_rewards", "input_token_loss_mask",
                               "mopd_behavior_logprobs", "unnormalized_advantages",
                               # read by some stages (register_stage(requires=...)), or written
-                              "reward_baselines", "sum_pi_squared", "unscorable")
+                              "reward_baselines", "sum_pi_squared", "unscorable",
+                              # off-policy: the sampler's log-probs, the correction's weights
+                              "rollout_logprobs", "rollout_is_weights", "policy_version")
 #: How alike a key must be to a known key to count as a misspelling of it
 #: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
 NEAR_MISS_CUTOFF = 0.75

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from lightning_adv.stages.types import TemporalInputs, TemporalResult
@@ -81,6 +83,39 @@ def _checked_sum_pi_squared(inputs: TemporalInputs, where: str) -> torch.Tensor:
     return torch.where(active, value, torch.zeros_like(value)).double()
 
 
+def _checked_rollout_is_weights(inputs: TemporalInputs, where: str) -> Optional[torch.Tensor]:
+    """The batch's ``rollout_is_weights`` ([B, T], next-token convention), checked; None
+    when the batch has none."""
+    value = inputs.data.get("rollout_is_weights") if inputs.data is not None else None
+    if value is None:
+        return None
+    mask = inputs.loss_mask
+    key = f"{where}: rollout batch 'rollout_is_weights'"
+    if not isinstance(value, torch.Tensor) or value.shape != mask.shape \
+            or not value.is_floating_point() or value.device != mask.device:
+        raise ValueError(f"{key}: expected a floating tensor of shape {list(mask.shape)} on "
+                         f"{mask.device} (next-token convention like ref_logp), got "
+                         f"{getattr(value, 'dtype', type(value).__name__)} "
+                         f"{list(getattr(value, 'shape', []))}")
+    active = mask > 0
+    bad = active & ~(torch.isfinite(value) & (value >= 0))
+    if bool(bad.any()):
+        raise ValueError(f"{key}: expected finite weights >= 0 at generated positions, got "
+                         f"others in rows {bad.any(dim=1).nonzero().flatten().tolist()[:10]}")
+    return torch.where(active, value, torch.zeros_like(value)).double()
+
+
+def _path_weights(inputs: TemporalInputs, sum_pi_squared: torch.Tensor, mask: torch.Tensor,
+                  where: str) -> torch.Tensor:
+    """``W_t = sum_{j<=t} ρ̄_j² (1 - 2 pi_j + sum_pi_squared_j)`` (``ρ̄ = 1`` without
+    ``rollout_is_weights``)."""
+    per_step = 1 - 2 * inputs.old_logprobs.double().exp() + sum_pi_squared
+    is_weights = _checked_rollout_is_weights(inputs, where)
+    if is_weights is not None:
+        per_step = per_step * is_weights.square()
+    return (per_step * mask).cumsum(dim=1)
+
+
 def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> TemporalResult:
     """Optimal token baseline: ``A_t = G_t - B_t`` with one baseline per response step of
     each prompt group, ``B_t = sum_g(G_t W_t) / (sum_g W_t + eps)``.
@@ -94,6 +129,11 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
     one that exclusion of unscorable rows shrank to one (``meta.shrunk_to_one``): its
     baseline is its own return (A = 0), no scored peer to compare with. Values are not
     used. Source: verl's ``optimal_token_baseline`` estimator (Optimal Token Baseline).
+
+    With the batch's ``rollout_is_weights`` ``ρ̄`` (next-token convention), each step's
+    term is scaled by ``ρ̄²`` as verl does: the least-variance baseline under truncated IS,
+    each member weighted by its own ratio (members of one group sampled by different
+    policy versions keep a correct baseline).
     """
     where = "estimator 'optimal_token_baseline'"
     if inputs.meta is None:
@@ -115,7 +155,7 @@ def optimal_token_baseline(inputs: TemporalInputs, *, eps: float = 1e-8) -> Temp
     returns, _ = compute_token_gae(rewards, zeros, inputs.loss_mask, bootstrap_values=zeros[:, 0],
                                    discount=inputs.discount, gae_lambda=1.0)
     returns = returns.double() * mask
-    weights = ((1 - 2 * inputs.old_logprobs.double().exp() + sum_pi_squared) * mask).cumsum(dim=1)
+    weights = _path_weights(inputs, sum_pi_squared, mask, where)
 
     bs, width = mask.shape
     sizes = torch.tensor(inputs.meta.traj_group_sizes, device=mask.device)
