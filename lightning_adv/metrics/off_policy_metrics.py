@@ -99,7 +99,7 @@ class OffPolicyMetrics(Metric):
                 self.filtered_sequences += (mask.sum(-1) > 0).double().sum()
                 self.rejected_sequences += (rejected.sum(-1) > 0).double().sum()
         if staleness is not None:
-            self._update_staleness(staleness, loss_mask.shape[0])
+            self.update_staleness(staleness, loss_mask.shape[0])
 
     @staticmethod
     def _config(correction: Any) -> Optional[RolloutCorrectionConfig]:
@@ -146,7 +146,8 @@ class OffPolicyMetrics(Metric):
             self.weight_min = torch.minimum(self.weight_min, chosen.min())
             self.weight_max = torch.maximum(self.weight_max, chosen.max())
 
-    def _update_staleness(self, staleness: Union[int, float, Tensor], rows: int) -> None:
+    def update_staleness(self, staleness: Union[int, float, Tensor], rows: int) -> None:
+        """Add the staleness of ``rows`` rows (one number for all, or one per row)."""
         value = torch.as_tensor(staleness, dtype=torch.float64, device=self.staleness_sum.device)
         if value.ndim == 0:
             value = value.expand(rows)
