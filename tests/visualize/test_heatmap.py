@@ -14,6 +14,7 @@ from matplotlib import colormaps
 import lightning_adv
 from lightning_adv import ActorConfig, AdvantageModule, NormConfig, concat_batch
 from lightning_adv.visualize import advantage_heatmap, heatmap_inputs, token_aligned
+from tests.support.without_package import run_without
 
 # RdBu: red below 0, white at 0, blue above
 RED_END, MIDDLE, BLUE_END = (np.array(colormaps["RdBu"](x)[:3]) * 255 for x in (0.0, 0.5, 1.0))
@@ -179,23 +180,21 @@ def test_the_public_names():
     assert lightning_adv.heatmap_inputs is heatmap_inputs
 
 
-BLOCKED = "import sys; sys.modules['matplotlib'] = None\n"
-
-
-def run_python(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
-
-
-def test_without_matplotlib_the_package_imports_and_drawing_names_the_extra():
-    result = run_python(BLOCKED + (
+def test_without_matplotlib_the_package_imports_and_drawing_names_the_extra(tmp_path):
+    result = run_without(("matplotlib", "mpl_toolkits", "pylab"), (
+        "import sys\n"
         "import lightning_adv.visualize as v\n"
         "try:\n"
         "    v.advantage_heatmap([['a', 'b']], [[0.0, 1.0]], [[0, 1]])\n"
         "except ImportError as e:\n"
-        "    print('ImportError:', e)\n"))
+        "    print('ImportError:', e)\n"), tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "advantage_heatmap needs matplotlib (pip install 'lightning_adv[plot]')" in result.stdout
-    # and importing the package does not import matplotlib
-    loaded = run_python("import sys, lightning_adv.visualize\nprint('matplotlib' in sys.modules)")
+    assert result.stdout.startswith("ImportError: advantage_heatmap needs matplotlib (pip install "
+                                    "'lightning_adv[plot]'): No module named 'matplotlib'")
+
+
+def test_importing_the_package_does_not_import_matplotlib():
+    loaded = subprocess.run([sys.executable, "-c", "import sys, lightning_adv.visualize\n"
+                             "print('matplotlib' in sys.modules)"], capture_output=True, text=True,
+                            timeout=300)
     assert loaded.stdout.split() == ["False"], loaded.stderr
