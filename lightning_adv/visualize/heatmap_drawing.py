@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
+from matplotlib.collections import LineCollection, PatchCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -98,11 +99,17 @@ def draw(responses: list[Response], scales: dict[str, float], title: str | None,
     norms = {name: Normalize(-limit, limit) for name, limit in scales.items()}
     maps = {name: colormaps[COLOR_MAPS[name]] for name in scales}
     drawn: list[tuple[int, Placed, float]] = []
+    patches = Patches()
     top = 0.0
     for b, (response, cells, height) in enumerate(zip(responses, layouts, heights)):
-        _draw_response(ax, response, cells, top, line_h, strips, norms, maps)
+        _draw_response(ax, patches, response, cells, top, line_h, strips, norms, maps)
         drawn.extend((b, cell, top + LABEL_H + cell.line * line_h) for cell in cells)
         top += height
+    # one collection: adding hundreds of patches one by one costs more than drawing them
+    ax.add_collection(PatchCollection(patches.rectangles, facecolors=patches.colours,
+                                      edgecolors="white", linewidths=patches.widths, zorder=1))
+    ax.add_collection(LineCollection(patches.bars, colors="black", linewidths=2.0,
+                                     capstyle="butt", zorder=2))
     if title:
         fig.text(0.1 / fig_w, 1 - 0.22 / fig_h, title, fontsize=9, weight="bold",
                  parse_math=False)
@@ -117,8 +124,25 @@ def draw(responses: list[Response], scales: dict[str, float], title: str | None,
     return Heatmap(figure=fig, image=image, limit=scales["advantage"], cells=boxes)
 
 
-def _draw_response(ax, response: Response, cells: list[Placed], top: float, line_h: float,
-                   strips: list[str], norms: dict, maps: dict) -> None:
+class Patches:
+    """The cells' rectangles, fill colours and edge widths, and the turn bars: each kind
+    drawn as one collection."""
+
+    def __init__(self) -> None:
+        self.rectangles: list[Rectangle] = []
+        self.colours: list[tuple] = []
+        self.widths: list[float] = []
+        self.bars: list[list[tuple[float, float]]] = []
+        """the turn bars' end points"""
+
+    def add(self, x: float, y: float, w: float, h: float, colour: tuple, width: float) -> None:
+        self.rectangles.append(Rectangle((x, y), w, h))
+        self.colours.append(colour)
+        self.widths.append(width)
+
+
+def _draw_response(ax, patches: Patches, response: Response, cells: list[Placed], top: float,
+                   line_h: float, strips: list[str], norms: dict, maps: dict) -> None:
     ax.text(0, top + LABEL_H * 0.7, label_text(response, len(cells)), fontsize=8,
             weight="bold", parse_math=False)
     if not cells:
@@ -136,19 +160,16 @@ def _draw_response(ax, response: Response, cells: list[Placed], top: float, line
         generated = response.generated[i]
         color = maps["advantage"](norms["advantage"](response.advantages[i])) if generated \
             else ENVIRONMENT
-        ax.add_patch(Rectangle((cell.x, y), cell.width, TOKEN_H, facecolor=color,
-                               edgecolor="white", linewidth=0.6))
+        patches.add(cell.x, y, cell.width, TOKEN_H, color, 0.6)
         ax.text(cell.x + cell.width / 2, y + TOKEN_H * 0.55, cell.text, fontsize=8,
                 family="DejaVu Sans Mono", ha="center", va="center", parse_math=False,
                 color=_ink(color) if generated else "0.35")
         for k, name in enumerate(strips):
             value = response.strips[name][i]
             fill = maps[name](norms[name](value)) if generated else ENVIRONMENT
-            ax.add_patch(Rectangle((cell.x, y + TOKEN_H + STRIP_H * k), cell.width, STRIP_H,
-                                   facecolor=fill, edgecolor="white", linewidth=0.3))
+            patches.add(cell.x, y + TOKEN_H + STRIP_H * k, cell.width, STRIP_H, fill, 0.3)
         if i in response.turn_starts:
-            ax.plot([cell.x, cell.x], [y - 0.02, y + line_h - LINE_GAP + 0.02], color="black",
-                    linewidth=2.0, solid_capstyle="butt")
+            patches.bars.append([(cell.x, y - 0.02), (cell.x, y + line_h - LINE_GAP + 0.02)])
 
 
 def label_text(response: Response, shown: int) -> str:
