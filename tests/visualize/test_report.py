@@ -146,3 +146,17 @@ def test_a_directory_that_is_not_a_run_is_a_usage_error(tmp_path, capsys, make, 
     err = capsys.readouterr().err
     assert err.startswith("error: report: ") and message in err
 
+
+
+def test_report_is_a_command_of_the_cli_with_its_own_help(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["lightning_adv"])
+    with pytest.raises(SystemExit) as info:
+        main(["report", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lightning_adv report") and "--out OUT" in out
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    words = " ".join(capsys.readouterr().out.split())  # the epilog is wrapped
+    assert "report (write one self-contained HTML page of a run directory" in words
