@@ -5,13 +5,15 @@ import io
 import math
 
 import numpy as np
+import torch
 from matplotlib import colormaps
 from matplotlib import image as mpimg
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_adv.trainer.episode import Episode
 from lightning_adv.trainer.heatmap_log import chosen_groups
-from tests.support.cli_runs import fit
+from tests.support.cli_runs import CONFIGS, SMALL, fit
+from tests.support.trainer_helpers import ddp_fit
 from tests.support.without_package import run_without
 
 MATPLOTLIB = ("matplotlib", "mpl_toolkits", "pylab")
@@ -107,3 +109,22 @@ def test_without_matplotlib_training_logs_one_line_and_no_image(tmp_path):
     assert logged == {}
     assert "train/samples/text_summary" in text_tags and "val/samples/text_summary" in text_tags
     assert "fit: 3 training steps" in result.stdout
+
+
+def test_under_ddp_every_rank_scores_the_validation_heatmap_and_rank_0_draws(tmp_path):
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ddp_fit(CONFIGS / "turn_gae.yaml", tmp_path, record, *SMALL,
+                   "--model.sample_log.every_n_steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged, _ = images(tmp_path / "turn_gae" / "version_0")
+    assert {tag: [s for s, _ in entries] for tag, entries in logged.items()} == {
+        "train/advantage_heatmap": [0, 1], "train/advantage_heatmap_raw": [0, 1],
+        "val/advantage_heatmap": [2], "val/advantage_heatmap_raw": [2]}
+    # Both ranks ran the validation's advantage call (a collective under DDP): two training
+    # steps, then two prompt groups of the greedy response and 4 samples.
+    for rank in (0, 1):
+        calls = sorted(record.glob(f"rank{rank}_call*.pt"))
+        assert len(calls) == 3, calls
+        validation = torch.load(record / f"rank{rank}_call2.pt", weights_only=True)
+        assert validation["rewards"].shape == (2 * (1 + 4),)
