@@ -84,6 +84,7 @@ def _table(*stages: BuiltinStage) -> dict[str, dict[str, BuiltinStage]]:
 
 
 _EPS = {"eps": positive_number}
+_OTB = {"handle_zero_tail": check_bool, **_EPS}
 _GVPO_VALUES = {name: non_negative_number for name in ("negative_scale", "zero_penalty", "zero_eps")}
 
 #: The built-in stages, family by family, in the order ``--help`` and errors list them.
@@ -104,7 +105,9 @@ BUILTIN_STAGES = _table(
     _builtin("estimator", "estimators", "turn_gae"),
     _builtin("estimator", "estimators", "reinforce", replaces_critic=True),
     _builtin("estimator", "estimators", "optimal_token_baseline", requires=("sum_pi_squared",),
-             replaces_critic=True, kwarg_checks=_EPS),
+             replaces_critic=True, kwarg_checks=_OTB),
+    _builtin("estimator", "estimators", "tir_optimal_token_baseline",
+             requires=("sum_pi_squared",), replaces_critic=True, kwarg_checks=_OTB),
     _builtin("process_adv_shaping", "process", "additive"),
     _builtin("process_adv_shaping", "process", "gvpo", kwarg_checks=_GVPO_VALUES),
     _builtin("process_adv_shaping", "process", "process_weighted"),
