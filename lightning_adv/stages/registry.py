@@ -101,6 +101,8 @@ BUILTIN_STAGES = _table(
              kwarg_checks={"beta": non_negative_number}),
     _builtin("outcome_reward_shaping", "outcome", "remax_baseline",
              requires=("reward_baselines",), replaces_critic=True),
+    _builtin("outcome_reward_shaping", "outcome", "maxrl", replaces_critic=True,
+             kwarg_checks={"eps": non_negative_number}),
     _builtin("estimator", "estimators", "token_gae"),
     _builtin("estimator", "estimators", "turn_gae"),
     _builtin("estimator", "estimators", "reinforce", replaces_critic=True),
