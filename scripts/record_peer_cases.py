@@ -190,19 +190,20 @@ def record_maxrl_skyrl(source: Path, commit: str) -> None:
 
 def gigpo_groups(rng: random.Random, shared_states: bool) -> list[list[dict]]:
     """Prompt groups of episodes; each episode a list of steps with a step score and an
-    anchor state id. Few states per step index, so anchor groups of several steps form;
-    ``shared_states``: two prompt groups reuse the same state ids."""
+    anchor state id, and its episode score the sum of its step scores (as ROLL's
+    ``StepEnvManager`` computes it). Few states per step index, so anchor groups of
+    several steps form; ``shared_states``: prompt groups reuse the same state ids."""
     groups = []
     for g in range(rng.randint(2, 4)):
         episodes = []
         for _ in range(rng.randint(1, 6)):
             steps = rng.randint(1, 4)
             base = 0 if shared_states else 1000 * (g + 1)
-            episodes.append({
-                "episode_score": rng.choice([0.0, 1.0, 0.5, round(rng.uniform(-1, 2), 4)]),
-                "step_scores": [rng.choice([0.0, 0.0, -0.1, 0.2, round(rng.uniform(-1, 1), 4)])
-                                for _ in range(steps)],
-                "states": [base + 10 * k + rng.randint(0, 2) for k in range(steps)]})
+            scores = [rng.choice([0.0, 0.0, -0.1, 0.2, round(rng.uniform(-1, 1), 4)])
+                      for _ in range(steps - 1)]
+            scores.append(rng.choice([0.0, 1.0, 0.5, round(rng.uniform(-1, 2), 4)]))
+            episodes.append({"episode_score": sum(scores), "step_scores": scores,
+                             "states": [base + 10 * k + rng.randint(0, 2) for k in range(steps)]})
         groups.append(episodes)
     return groups
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lightning_adv._checks import (
-    check_bool, fail, non_negative_number, positive_number)
+    check_bool, fail, non_negative_number, positive_number, unit_interval)
 from lightning_adv.dotted_path import check_signature, import_object, is_dotted_path
 
 #: The selector of each stage family (not a function: the module resolves it).
@@ -84,6 +84,8 @@ def _table(*stages: BuiltinStage) -> dict[str, dict[str, BuiltinStage]]:
 
 
 _EPS = {"eps": positive_number}
+_GIGPO = {"episode_weight": non_negative_number, "step_weight": non_negative_number,
+          "step_gamma": unit_interval, "std_normalize": check_bool, **_EPS}
 _OTB = {"handle_zero_tail": check_bool, **_EPS}
 _GVPO_VALUES = {name: non_negative_number for name in ("negative_scale", "zero_penalty", "zero_eps")}
 
@@ -110,6 +112,11 @@ BUILTIN_STAGES = _table(
              replaces_critic=True, kwarg_checks=_OTB),
     _builtin("estimator", "estimators", "tir_optimal_token_baseline",
              requires=("sum_pi_squared",), replaces_critic=True, kwarg_checks=_OTB),
+    _builtin("estimator", "turn_estimators", "turn_rloo", replaces_critic=True),
+    _builtin("estimator", "turn_estimators", "turn_index_norm", replaces_critic=True,
+             kwarg_checks={"std_normalize": check_bool, **_EPS}),
+    _builtin("estimator", "turn_estimators", "gigpo", requires=("anchor_state_ids",),
+             replaces_critic=True, kwarg_checks=_GIGPO),
     _builtin("process_adv_shaping", "process", "additive"),
     _builtin("process_adv_shaping", "process", "gvpo", kwarg_checks=_GVPO_VALUES),
     _builtin("process_adv_shaping", "process", "process_weighted"),
