@@ -96,6 +96,19 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
     kl = kl_penalty(old, ref, kl_coef, config.kl_estimator)
     last_valid = (facts.seqlens - 1).clamp(min=0)
 
+    folded, direct = _process_rewards(batch, facts, config, mask, turn_ids)
+
+    values = batch["values"].float() if present(batch, "values") else torch.zeros_like(mask)
+    bootstrap = values[rows, last_valid]
+    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, kl, folded, direct,
+                        values, bootstrap, facts.is_truncated, facts)
+
+
+def _process_rewards(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig,
+                     mask: Tensor, turn_ids: Optional[Tensor]
+                     ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """SPEC §3 step 7 and the per-turn rewards: (folded per-turn rewards at each turn's
+    last position, direct token rewards), each None when absent."""
     folded = direct = None
     slots = None
     if present(batch, "token_rewards") or present(batch, "turn_rewards"):
@@ -115,11 +128,7 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
             shift_left(_zero_truncated(batch["turn_rewards"].float(), facts, config)), slots,
             "turn_rewards", uniform_only=False)
         folded = per_turn if folded is None else folded + per_turn
-
-    values = batch["values"].float() if present(batch, "values") else torch.zeros_like(mask)
-    bootstrap = values[rows, last_valid]
-    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, kl, folded, direct,
-                        values, bootstrap, facts.is_truncated, facts)
+    return folded, direct
 
 
 def _zero_truncated(rewards: Tensor, facts: BatchFacts, config: ActorConfig) -> Tensor:
