@@ -1,5 +1,6 @@
-"""The built-in tool task (``calculator``), per-turn rewards from a task, GiGPO's anchor
-states from each turn's context, and the two shipped agent configs training."""
+"""The built-in tool task (``calculator``), per-turn rewards from a task, and GiGPO's
+anchor states from each turn's context (the shipped agent configs, ``turn_rloo.yaml`` and
+``gigpo.yaml``, train in tests/cli/test_cli.py with the other shipped configs)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from lightning_adv.trainer.recipe_inputs import anchor_state_ids
 from lightning_adv.trainer.sampling import build_batch, turn_end_rewards
 from lightning_adv.trainer.task_base import Sample, Turn
 from lightning_adv.trainer.tasks import CalculatorTask, TaskConfig, TaskError, TaskRuntime
-from tests.support.cli_runs import fit, scalars
 
 CALCULATOR = {"name": "calculator", "kwargs": {"max_operand": 9, "max_turns": 3}}
 TINY = {"policy": {"d_model": 16, "n_layers": 1, "n_heads": 2, "value_head": False},
@@ -40,17 +40,19 @@ def test_a_turn_starting_with_equals_calls_the_calculator():
 
 
 def test_reward_is_the_last_answer_and_each_call_costs():
-    task = CalculatorTask(call_cost=0.05)
+    task = CalculatorTask(call_reward=-0.05)
     done = sample(turn("=", "408"), turn("408"))
     assert task.reward(done) == 1.0
     assert task.turn_rewards(done) == [-0.05, 0.0]
     assert task.reward(sample(turn("418"))) == pytest.approx(2 / 3)   # partial credit
-    assert task.reward(sample(turn("="), turn("="), turn("="))) == 0.0  # never answered
+    # the last allowed turn answers, whatever it starts with
+    assert task.reward(sample(turn("="), turn("="), turn("=408"))) == 0.0
+    assert task.turn_rewards(sample(turn("="), turn("="), turn("="))) == [-0.05, -0.05, 0.0]
     assert CalculatorTask(partial_credit=False).reward(sample(turn("418"))) == 0.0
 
 
 @pytest.mark.parametrize("kwargs, match", [({"op": "-"}, "op"), ({"max_turns": 1}, "max_turns"),
-                                           ({"call_cost": 1.5}, "call_cost")])
+                                           ({"call_reward": 1.5}, "call_reward")])
 def test_bad_kwargs_name_the_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TaskRuntime(TaskConfig(name="calculator", kwargs=kwargs))
@@ -74,7 +76,7 @@ def test_rollouts_carry_turn_rewards_at_turn_ends_and_tool_replies_masked():
     episodes = [ep for group in groups for ep in group]
     assert "turn_rewards" in batch and "turn_ids" in batch
     for row, ep in enumerate(episodes):
-        calls = sum(t.text.startswith("=") for t in ep.turns)
+        calls = sum(model.runtime.task.calls(ep.turns))
         assert batch["turn_rewards"][row].sum().item() == pytest.approx(-0.05 * calls)
         # the calculator's replies are attended, not generated (loss mask 0)
         prompt = ep.generated.index(True)
@@ -103,11 +105,3 @@ def test_anchor_states_are_each_turns_context():
     assert torch.equal(again, ids.cpu())
     plain = build_batch(groups, multi_turn=True, process_rewards=False)[0]
     assert "anchor_state_ids" not in plain
-
-
-@pytest.mark.parametrize("config", ["turn_rloo", "gigpo"])
-def test_the_agent_configs_train(config, tmp_path):
-    fit(config, tmp_path)
-    logged = scalars(tmp_path / config / "version_0")
-    assert sorted(logged["train/task_reward"]) == [0, 1]
-    assert sorted(logged["train/advantages_std"]) == [0, 1]
