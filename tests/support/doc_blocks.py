@@ -114,9 +114,10 @@ def code_blocks(kind: str) -> list[Block]:
 
 
 def scratch_directory(root: Path) -> Path:
-    """A working directory for the blocks: links to ``configs/`` and ``data/``, and a
+    """A working directory for the blocks: links to the repository's ``configs/``,
+    ``data/``, ``examples/``, ``scripts/`` and ``benchmarks/``, and a
     ``bin/`` whose ``python`` is this interpreter."""
-    for name in ("configs", "data", "examples"):
+    for name in ("configs", "data", "examples", "scripts", "benchmarks"):
         (root / name).symlink_to(REPO / name)
     bin_dir = root / ".bin"
     bin_dir.mkdir()
