@@ -93,6 +93,15 @@ def api_sections() -> dict[str, tuple[str, str, list[tuple[str, list[str]]]]]:
     loss = [("The loss", take("lightning_adv.losses.ppo_loss")),
             ("KL controllers", take("lightning_adv.losses.kl_controllers")),
             ("Metrics", take("lightning_adv.metrics"))]
+    # The modules whose own docstrings say what their classes compute (shown first).
+    module_docs = {"The loss": "lightning_adv.losses.ppo_loss",
+                   "KL controllers": "lightning_adv.losses.kl_controllers",
+                   "Metrics": "lightning_adv.metrics.advantage_metrics",
+                   "GAE and per-row λ": "lightning_adv.ops.gae",
+                   "Stage inputs and results": "lightning_adv.stages.types"}
+    advantage = [(h, ([module_docs[h]] if h in module_docs else []) + paths)
+                 for h, paths in advantage]
+    loss = [(h, ([module_docs[h]] if h in module_docs else []) + paths) for h, paths in loss]
     covered = {p for _, paths in advantage + loss for p in paths}
     missing = [where(n) for n in public if where(n) not in covered
                and not where(n).startswith("lightning_adv.exceptions.")]
@@ -131,7 +140,11 @@ def api_page(title: str, intro: str, sections: list[tuple[str, list[str]]]) -> s
     for heading, paths in sections:
         lines += [f"## {heading}", ""]
         for path in paths:
-            lines += [f"::: {path}", ""]
+            if path in sys.modules:  # a module: its docstring only
+                lines += [f"::: {path}", "    options:", "      members: false",
+                          "      show_root_heading: false", ""]
+            else:
+                lines += [f"::: {path}", ""]
     return "\n".join(lines)
 
 
@@ -395,6 +408,62 @@ def _flat_fields(fields: dict[str, Any], prefix: str = "") -> list[tuple[str, st
     return out
 
 
+def readme_recipe_names(readme: str) -> str:
+    """``readme`` with its recipe table (between the ``recipe-names`` markers) rewritten from
+    :data:`SUMMARIES`."""
+    from lightning_adv.config.recipe_table import RECIPES, SUMMARIES
+
+    begin, end = "<!-- recipe-names:begin -->\n", "<!-- recipe-names:end -->"
+    if begin not in readme or end not in readme:
+        raise SystemExit("generate_reference: README.md has no recipe-names markers")
+    rows = ["| recipe | what it computes |", "|---|---|"]
+    rows += [f"| `{name}` | {cell(SUMMARIES[name])} |" for name in RECIPES]
+    return (readme[:readme.index(begin) + len(begin)] + "\n".join(rows) + "\n"
+            + readme[readme.index(end):])
+
+
+# ---------------------------------------------------------------------------- stages page
+
+
+FAMILY_TITLES = {
+    "outcome_reward_shaping": ("Outcome shaping", "`OutcomeRewardInputs` -> `OutcomeResult`"),
+    "estimator": ("Temporal estimators", "`TemporalInputs` -> `TemporalResult`"),
+    "process_adv_shaping": ("Process advantage shaping", "`ProcessAdvantageInputs` -> a [B, T] tensor"),
+}
+
+
+def stages_page() -> str:
+    from lightning_adv.stages.registry import BUILTIN_STAGES, SELECTORS
+
+    lines = [GENERATED.format(source="lightning_adv/stages/registry.py (BUILTIN_STAGES) and "
+                              "the stage functions' docstrings"),
+             "# Built-in stages", "",
+             "Each built-in stage by family: the name to select it by "
+             "(`actor.advantage.<family>: <name>`), the keyword arguments it takes "
+             "(`kwargs: {...}`), the optional batch keys it reads, whether it needs no critic "
+             "(it subtracts its own baseline, or ignores `values`), and what it computes. "
+             "[Writing a stage](../guides/writing-a-stage.md) says how to add your own.", ""]
+    for family, (title, types) in FAMILY_TITLES.items():
+        lines += [f"## {title}: `{family}`", "",
+                  f"{types}. `{SELECTORS[family]}` (the default) lets the module choose.", "",
+                  "| name | kwargs | reads | no critic | what it computes |", "|---|---|---|---|---|"]
+        for name, stage in BUILTIN_STAGES[family].items():
+            fn = stage.fn
+            signature = inspect.signature(fn)
+            kwargs = ", ".join(f"`{p.name}={yaml_value(p.default)}`" if p.default is not
+                               inspect.Parameter.empty else f"`{p.name}`"
+                               for p in list(signature.parameters.values())[1:]) or "—"
+            doc = markdown(" ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].split()))
+            if not doc:
+                raise SystemExit(f"generate_reference: the built-in stage {stage.path} has no "
+                                 f"docstring")
+            reads = ", ".join(f"`{k}`" for k in stage.requires) or "—"
+            lines.append(f"| `{name}` | {kwargs} | {reads} | "
+                         f"{'yes' if stage.replaces_critic else ''} | {cell(doc)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- errors page
 
 
@@ -426,6 +495,7 @@ def bad_input_rows() -> list[ErrorRow]:
     for bad in CATALOGUE:
         try:
             with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a case turns its own category into an error
                 bad.run()
         except Exception as exc:  # noqa: BLE001 -- recording what each case raises
             if type(exc) is not bad.error:
@@ -440,7 +510,7 @@ def bad_input_rows() -> list[ErrorRow]:
 def cli_error_row(bad: Any, stderr: str) -> ErrorRow:
     """The row of one command-line case from the stderr of its run."""
     first = next(line for line in stderr.splitlines() if line.startswith("error: "))
-    flags = " ".join(f"`{a}`" for a in bad.args)
+    flags = " ".join(code_span(relative(a)) for a in bad.args)
     return ErrorRow(bad.id, "usage error (exit 2)", relative(first[len("error: "):]),
                     f"`{bad.config}.yaml` {flags}")
 
@@ -530,6 +600,8 @@ def pages() -> dict[str, Callable[[], str]]:
         out[f"docs/reference/api/{name}"] = (lambda t=title, i=intro, s=sections: api_page(t, i, s))
     out["docs/reference/config.md"] = config_page
     out["docs/reference/recipes.md"] = recipes_page
+    out["docs/reference/stages.md"] = stages_page
+    out["README.md"] = lambda: readme_recipe_names((ROOT / "README.md").read_text())
     out["docs/reference/errors.md"] = errors_page
     return out
 

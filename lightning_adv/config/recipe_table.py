@@ -2,8 +2,10 @@
 
 Plain data (no imports from the package), so the config can fill itself from a recipe
 name without a cycle. This table is the one source:
-``configs/advantage/<name>.yaml`` are generated from it (``python -m lightning_adv.recipes
---write configs/advantage``), and a test keeps them in step. Three ways to use one:
+``configs/advantage/<name>.yaml`` are generated from it (``python
+scripts/write_recipe_configs.py``), and a test keeps them in step; so is the recipe
+reference of the documentation (``python scripts/generate_reference.py``), which shows the
+table below. Three ways to use one:
 
 - ``lightning_adv.recipes.recipe(name, **overrides)`` in Python;
 - ``model.actor.recipe: name`` in a trainer config: the recipe supplies every actor field

@@ -13,10 +13,10 @@ A block runs unless it is marked ``not run`` with a reason, in one of two ways:
 
 The Python blocks of one page run in order in one fresh process, sharing their names, as
 a reader runs them top to bottom; the shell blocks run one by one with ``bash -e``. Both
-run in a scratch directory that holds links to the repository's ``configs/`` and
-``data/``, with the repository on ``PYTHONPATH`` and ``python`` meaning the interpreter
-running the tests, so nothing a block writes (``runs/``, ``models/``) lands in the
-checkout.
+run in a scratch directory that holds links to the repository's ``configs/``, ``data/``,
+``examples/``, ``scripts/`` and ``benchmarks/``, with the repository on ``PYTHONPATH`` and
+``python`` meaning the interpreter running the tests, so nothing a block writes
+(``runs/``, ``models/``) lands in the checkout.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class Block:
 
 
 def documents() -> list[Path]:
-    """The README and every page of the site."""
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    """The README, CONTRIBUTING and every page of the site."""
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def blocks(path: Path) -> list[Block]:
