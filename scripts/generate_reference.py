@@ -47,14 +47,25 @@ ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|obj|exc):`(~?)([^`
 LITERAL_MARKER = re.compile(r"(\S)::$", re.M)
 
 
+#: Citations of the design note, which is not part of the repository: dropped on the site.
+SPEC_CITATION = re.compile(r"\s*\((?:see )?SPEC §[^)]*\)|;? see SPEC §[\d.]+")
+SPEC_BATCH = re.compile(r"\b(?:([Tt])he )?SPEC §1 (?:rollout )?batch")
+SPEC_OTHER = re.compile(r"SPEC §[\d.]+(?:(?:,| and) §[\d.]+)*")
+
+
 def markdown(text: str) -> str:
     """Docstring text for a Markdown page: reST roles (``:class:`~a.b.C```) become code
-    spans of the name as a reader writes it (the last component after ``~``), and ``::``
-    at a line's end (a reST literal-block marker) becomes ``:``. The docstrings stay
-    written for Python readers; ``scripts/griffe_roles.py`` applies the same to the API."""
+    spans of the name as a reader writes it (the last component after ``~``), ``::`` at a
+    line's end (a reST literal-block marker) becomes ``:``, and citations of the design
+    note (``(SPEC §2)``), which readers of the site do not have, are left out. The
+    docstrings stay written for the package's developers; ``scripts/griffe_roles.py``
+    applies the same to the API pages."""
     def code(match: re.Match) -> str:
         short, target = match.groups()
         return f"`{target.rsplit('.', 1)[-1] if short else target}`"
+    text = SPEC_CITATION.sub("", text)
+    text = SPEC_BATCH.sub(lambda m: f"{m.group(1) or 't'}he rollout batch", text)
+    text = SPEC_OTHER.sub("the design note", text)
     return LITERAL_MARKER.sub(r"\1:", ROLE.sub(code, text))
 
 
