@@ -38,9 +38,9 @@ from lightning_adv.trainer.callbacks import (
 from lightning_adv.trainer.evaluation import PredictionWriter
 from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.setup import validate_model_config
-from lightning_adv.trainer.resume import (
-    CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
-from lightning_adv.trainer.tasks import TaskError
+from lightning_adv.trainer.resume import config_differences, describe, load_checkpoint_info, run_dir_of
+from lightning_adv.exceptions import CheckpointMismatchError
+from lightning_adv.exceptions import TaskError
 
 #: training steps per epoch of a run on a drawn task that sets no length (the shipped
 #: configs' length); an epoch of the default prompt pool would be 3125 steps

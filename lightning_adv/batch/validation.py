@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
@@ -74,7 +75,12 @@ def _shape(x: Any) -> Any:
 
 
 def _check_finite(key: str, x: Tensor) -> None:
-    """Raise naming the first NaN or Inf entry of ``x``, if any."""
+    """Raise naming the first NaN or Inf entry of ``x``, if any. A finite sum clears the
+    tensor in one cheap reduction (a NaN or Inf entry makes the sum non-finite);
+    ``isfinite`` over [B, T] costs ten times more on a CPU, so it runs only to name the
+    entry (or to clear a sum that overflowed)."""
+    if math.isfinite(float(x.sum())):
+        return
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
         index = tuple(bad.nonzero()[0].tolist())

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from lightning_adv.trainer.logprobs import SMALL_VOCAB
 from lightning_adv.trainer.sampling import generate, score
-from lightning_adv.trainer.tasks import TaskError, TaskRuntime
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.token_stats import sum_pi_squared_chunked
 
 

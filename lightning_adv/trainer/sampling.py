@@ -19,7 +19,8 @@ from torch import Tensor
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.logprobs import scaled_log_softmax
 from lightning_adv.trainer.episode import Episode, start_episodes
-from lightning_adv.trainer.task_base import Sample, TaskError, Turn
+from lightning_adv.trainer.task_base import Sample, Turn
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.tasks import TaskRuntime, checked_user_number
 
 

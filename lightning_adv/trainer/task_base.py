@@ -21,13 +21,6 @@ from typing import Any, Optional
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
 
-class TaskError(ValueError):
-    """A task, reward or scorer function returned something the trainer cannot use.
-
-    The message names the config key and function, the prompt and the sample.
-    """
-
-
 class Vocab:
     """Character vocabulary: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then one id per symbol."""
 

@@ -27,8 +27,8 @@ from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
 from lightning_adv.trainer.builtin_tasks import (
     BUILTIN_TASKS, AdditionTask, GuessTask, ReverseTask, guess_consistency, position_match)
-from lightning_adv.trainer.task_base import (
-    BOS, EOS, PAD, Sample, Task, TaskError, Turn, Vocab)
+from lightning_adv.trainer.task_base import BOS, EOS, PAD, Sample, Task, Turn, Vocab
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.text_tasks import DatasetTask
 
 
