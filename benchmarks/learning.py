@@ -45,7 +45,7 @@ DETERMINISTIC = (
     "policies amplify that: a run follows the same curve until one sampled token falls on "
     "the other side of a probability boundary, then takes its own course, ending within "
     "the spread over seeds rather than at the same number. The wall times and the install "
-    "times are timings:")
+    "times are timings.")
 
 
 def reward_curve_module() -> Any:
