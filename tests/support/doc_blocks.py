@@ -121,8 +121,10 @@ def scratch_directory(root: Path) -> Path:
         (root / name).symlink_to(REPO / name)
     bin_dir = root / ".bin"
     bin_dir.mkdir()
-    for name in ("python", "python3"):
-        (bin_dir / name).symlink_to(sys.executable)
+    for name in ("python", "python3"):  # a wrapper, not a link: a venv is found from its path
+        wrapper = bin_dir / name
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        wrapper.chmod(0o755)
     return root
 
 
