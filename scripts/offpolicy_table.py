@@ -1,7 +1,7 @@
 """The off-policy learning table: one task at several staleness levels, without and with
-rollout correction, several seeds; writes docs/benchmarks/off_policy.md.
+rollout correction, several seeds; writes docs/benchmarks/off-policy.md.
 
-    python scripts/offpolicy_table.py --out docs/benchmarks/off_policy.md
+    python scripts/offpolicy_table.py --out docs/benchmarks/off-policy.md
 
 Every run is ``python -m lightning_adv fit --config configs/async_grpo.yaml --config
 configs/offpolicy/<correction>.yaml`` (GRPO on the ``reverse`` task, rollouts sampled by a
@@ -145,7 +145,7 @@ def page(results: list[RunResult], args: argparse.Namespace, before: str) -> str
         "rollouts sampled by a bfloat16 copy of the policy, trained after `staleness` more "
         "updates (`ppo.off_policy_steps`), old log-probs recomputed by the trained policy; "
         "the corrections are verl's presets in `configs/offpolicy/` (see the "
-        "[off-policy guide](../guide/off-policy.md)). Each run trains "
+        "[off-policy guide](../guides/off-policy.md)). Each run trains "
         f"{args.steps} updates; rewards are the mean task reward of each step's fresh "
         "rollout. *Mismatch KL* is the mean k3 estimate of KL(rollout ‖ old) per token over "
         "the run; *rejected or zeroed* the fraction of the policy gradient's tokens the "
