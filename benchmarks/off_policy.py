@@ -1,7 +1,7 @@
 """The off-policy learning table: one task at several staleness levels, without and with
 rollout correction, several seeds; writes docs/benchmarks/off-policy.md.
 
-    python scripts/offpolicy_table.py --out docs/benchmarks/off-policy.md
+    python benchmarks/off_policy.py --page docs/benchmarks/off-policy.md
 
 Every run is ``python -m lightning_adv fit --config configs/async_grpo.yaml --config
 configs/offpolicy/<correction>.yaml`` (GRPO on the ``reverse`` task, rollouts sampled by a
@@ -16,17 +16,16 @@ The page gives, per staleness and correction: the task reward at the start (mean
 first ``--window`` steps) and at the end (mean of the last ``--window``), the mean and
 spread over seeds and each seed's end value, the mean mismatch KL (k3, between the trained
 policy's recomputed log-probs and the sampler's) and the fraction of the policy gradient's
-tokens the correction rejected or zeroed, and the mean wall time; the date, machine and
-command. Each run is checked to have logged its correction's metric (a config that did not
-apply fails the script, not the table).
+tokens the correction rejected or zeroed, and the mean wall time; the page header
+(``harness.page_header``) gives the date, machine, versions, command and commit. Each run
+is checked to have logged its correction's metric (a config that did not apply fails the
+script, not the table).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,9 +34,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import harness
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 BASE = "configs/async_grpo.yaml"
 CORRECTIONS = {  # name: (label, the metric only that correction logs, its "removed" metric)
     "none": ("no correction", None, None),
@@ -102,7 +102,8 @@ def run_one(staleness: int, correction: str, seed: int, steps: int, save_dir: Pa
                "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
                f"--trainer.default_root_dir={save_dir}", *overrides]
     start = time.perf_counter()
-    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - start
     return read_run(save_dir / name / "version_0", staleness, correction, seed, seconds)
 
@@ -114,47 +115,41 @@ def cell(values: list[float]) -> str:
 
 
 def table(results: list[RunResult], window: int) -> str:
-    lines = [f"| staleness | correction | start (first {window}) | end (last {window}), mean "
-             f"± sd over seeds | end per seed | mismatch KL k3 | tokens rejected or zeroed | "
-             f"wall time per run |", "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[int, str], list[RunResult]] = {}
     for r in results:
         groups.setdefault((r.staleness, r.correction), []).append(r)
+    rows = []
     for (staleness, correction), runs in groups.items():
         ends = [mean(r.rewards[-window:]) for r in runs]
         removed = mean([r.removed for r in runs])
-        lines.append(
-            f"| {staleness} | {CORRECTIONS[correction][0]} | "
-            f"{cell([mean(r.rewards[:window]) for r in runs])} | {cell(ends)} | "
-            + ", ".join(f"{e:.3f}" for e in ends)
-            + f" | {mean([r.mismatch_kl for r in runs]):.2e} | "
-            + ("-" if removed != removed else f"{removed:.2%}")
-            + f" | {mean([r.seconds for r in runs]):.0f} s |")
-    return "\n".join(lines) + "\n"
+        rows.append([str(staleness), CORRECTIONS[correction][0],
+                     cell([mean(r.rewards[:window]) for r in runs]), cell(ends),
+                     ", ".join(f"{e:.3f}" for e in ends),
+                     f"{mean([r.mismatch_kl for r in runs]):.2e}",
+                     "-" if removed != removed else f"{removed:.2%}",
+                     f"{mean([r.seconds for r in runs]):.0f} s"])
+    return harness.table(
+        ["staleness", "correction", f"start (first {window})",
+         f"end (last {window}), mean ± sd over seeds", "end per seed", "mismatch KL k3",
+         "tokens rejected or zeroed", "wall time per run"], rows)
 
 
 def load_average() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def page(results: list[RunResult], args: argparse.Namespace, before: str) -> str:
-    command = "python scripts/offpolicy_table.py " + " ".join(sys.argv[1:])
-    return "\n".join([
-        "# Off-policy learning table", "",
-        "GRPO on the `reverse` task (`configs/async_grpo.yaml`), "
-        "rollouts sampled by a bfloat16 copy of the policy, trained after `staleness` more "
-        "updates (`ppo.off_policy_steps`), old log-probs recomputed by the trained policy; "
-        "the corrections are verl's presets in `configs/offpolicy/` (see the "
-        "[off-policy guide](../guides/off-policy.md)). Each run trains "
-        f"{args.steps} updates; rewards are the mean task reward of each step's fresh "
-        "rollout. *Mismatch KL* is the mean k3 estimate of KL(rollout ‖ old) per token over "
-        "the run; *rejected or zeroed* the fraction of the policy gradient's tokens the "
-        "correction removed (IcePop: weight 0; sequence mask: rejected).", "",
-        table(results, args.window),
-        f"Measured {datetime.date.today().isoformat()} on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, one run at a time; "
-        f"load average (1/5/15 min) before: {before}, after: {load_average()}.",
-        f"Command: `{command}`.", ""])
+ABOUT = (
+    "GRPO on the `reverse` task (`configs/async_grpo.yaml`), rollouts sampled by a bfloat16 "
+    "copy of the policy, trained after `staleness` more updates (`ppo.off_policy_steps`), "
+    "old log-probs recomputed by the trained policy; the corrections are verl's presets in "
+    "`configs/offpolicy/` (see the [off-policy guide](../guides/off-policy.md)). Rewards are "
+    "the mean task reward of each step's fresh rollout (the current policy's samples). "
+    "*Mismatch KL* is the mean k3 estimate of KL(rollout ‖ old) per token over the run; "
+    "*rejected or zeroed* the fraction of the policy gradient's tokens the correction "
+    "removed (IcePop: weight 0; sequence mask: rejected).")
+DETERMINISTIC = (
+    "The rewards are deterministic on one machine (every draw comes from generators seeded "
+    "by the seed); the wall times are timings.")
 
 
 def main() -> None:
@@ -165,24 +160,29 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="updates per run")
     parser.add_argument("--window", type=int, default=10, help="steps averaged for start/end")
-    parser.add_argument("--out", type=Path, help="markdown page to write (also printed)")
+    parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     parser.add_argument("--override", action="append", default=[],
                         help="extra CLI argument for every run (--override=--model.ppo.lr=0.001)")
     args = parser.parse_args()
+    header = harness.page_header("Off-policy learning: staleness and rollout correction", [
+        f"Runs: staleness {args.staleness} x corrections {args.corrections} x seeds "
+        f"{args.seeds}, {args.steps} updates each, one at a time"])
+    print(header, flush=True)
     before, results = load_average(), []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="off_policy_") as tmp:
         for staleness in args.staleness:
             for correction in args.corrections:
                 for seed in args.seeds:
                     results.append(run_one(staleness, correction, seed, args.steps,
                                            Path(tmp), args.override))
                     print(f"staleness {staleness}, {correction}, seed {seed}: end reward "
-                          f"{mean(results[-1].rewards[-args.window:]):.3f}", file=sys.stderr)
-    text = page(results, args, before)
-    print(text, end="")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+                          f"{mean(results[-1].rewards[-args.window:]):.3f}", flush=True)
+    notes = [f"Load average (1/5/15 min) before: {before}, after: {load_average()}."]
+    if args.override:
+        notes.append("Overrides: `" + " ".join(args.override) + "`.")
+    harness.write_page(args.page, header, [ABOUT + "\n", table(results, args.window),
+                                           "\n".join(notes) + "\n"],
+                       deterministic=DETERMINISTIC)
 
 
 if __name__ == "__main__":
