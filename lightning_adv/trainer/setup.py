@@ -96,6 +96,7 @@ class TrainerPlan:
         actor, policy, ppo, task, prm = (configs[name] for name in
                                          ("actor", "policy", "ppo", "task", "prm"))
         check_trainer_options(actor, prm, configs["kl_controller"])
+        check_off_policy_options(actor, ppo)
         warn_unused_critic(actor, policy)
         hf = check_hf_options(policy, ppo, task)
         runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, hf,
@@ -278,9 +279,27 @@ def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
         # The call-time mode is used: check it against the actor now, not at step 1.
         check_process_mode("prm.advantage_shaping.mode", prm.advantage_shaping.mode, actor)
     if actor.use_decoupled_loss:
-        raise ValueError("actor.use_decoupled_loss: the built-in trainer is synchronous (behaviour "
-                         "and proximal policy are the same model), so the decoupled loss is not "
-                         "supported; set it to false")
+        raise ValueError("actor.use_decoupled_loss: the built-in trainer's decoupled loss is "
+                         "ppo.rollout_correction (bypass_mode: false, with "
+                         "actor.recompute_logprob: true): the IS weight pi_old/pi_rollout "
+                         "multiplies the policy term; set use_decoupled_loss to false")
+
+
+def check_off_policy_options(actor: ActorConfig, ppo: PPOConfig) -> None:
+    """Off-policy settings the trainer cannot honour, caught before training."""
+    correction = ppo.rollout_correction
+    if correction is None:
+        return
+    if not correction.bypass_mode and not actor.recompute_logprob:
+        raise ValueError("ppo.rollout_correction: decoupled mode (bypass_mode: false) weights "
+                         "pi_old/pi_rollout, so the old log-probs must be recomputed by the "
+                         "trained policy: set actor.recompute_logprob: true (or bypass_mode: "
+                         "true to take the rollout's log-probs as the old ones)")
+    if correction.bypass_mode and actor.recompute_logprob:
+        raise ValueError("actor.recompute_logprob: bypass mode (ppo.rollout_correction."
+                         "bypass_mode: true) takes the rollout's log-probs as the old ones; "
+                         "recomputed ones would replace them. Set it to false, or bypass_mode "
+                         "to false (decoupled mode)")
 
 
 #: built-in outcome stages whose baseline is the prompt group's (zero for one-member groups)
