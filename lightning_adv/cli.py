@@ -35,14 +35,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
-from lightning_adv.exceptions import AdvantageContractError, PeerRankFailed
+from lightning_adv.exceptions import (
+    AdvantageContractError, CheckpointMismatchError, PeerRankFailed, TaskError)
 from lightning_adv.trainer.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
     next_version_dir, resume_command)
 from lightning_adv.trainer.evaluation import PredictionWriter
 from lightning_adv.trainer.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.exceptions import CheckpointMismatchError, TaskError
 from lightning_adv.trainer.resume import (
     ResumeTarget, changed_settings, describe, load_checkpoint_info, nothing_left_to_train,
     resume_target)
