@@ -1,7 +1,7 @@
 """The LightningCLI of the trainer: ``python -m lightning_adv fit --config configs/ppo.yaml``.
 
 Besides LightningCLI's ``fit``, ``validate``, ``test`` and ``predict``, the commands of
-:data:`EXTRA_COMMANDS` (``make-tiny``) are dispatched before LightningCLI parses anything;
+:data:`EXTRA_COMMANDS` (``make-tiny``, ``report``) are dispatched before LightningCLI parses anything;
 each parses its own arguments (``python -m lightning_adv make-tiny --help``).
 
 jsonargparse checks types (and ``Literal`` choices) while parsing; right after it, before
@@ -79,6 +79,9 @@ SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("lightning_adv.trainer.tiny_hf_model:main",
                   "write a tiny random Hugging Face causal LM and its tokenizer"),
+    "report": ("lightning_adv.visualize.report:main",
+               "write one self-contained HTML page of a run directory: config, curves, "
+               "evaluation, advantage heatmaps"),
 }
 
 # --help shows each config field's docstring (the string literal under it).

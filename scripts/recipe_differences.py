@@ -206,6 +206,13 @@ def verl_otb(batch: Batch, eps: float = 1e-8) -> torch.Tensor:
     for rows in _groups(batch):
         m = batch.mask[rows]
         baselines[rows] = ((returns[rows] * w[rows] * m).sum(0) / ((w[rows] * m).sum(0) + eps))
+        # handle_zero_tail (verl's default): a unique longest response's steps past the
+        # second longest one get baseline 0
+        lengths = m.sum(1)
+        ordered = lengths.sort().values
+        if (lengths == ordered[-1]).sum() == 1 and ordered[-1] > ordered[-2]:
+            longest = rows[int(lengths.argmax())]
+            baselines[longest, int(ordered[-2]):] = 0.0
     return (returns - baselines) * batch.mask
 
 

@@ -170,6 +170,13 @@ class Task:
         """The outcome reward of a finished episode (a finite float)."""
         raise NotImplementedError
 
+    def turn_rewards(self, sample: Sample) -> Optional[Sequence[float]]:
+        """Per-turn rewards of a finished episode, one finite float per policy turn (a tool
+        call's cost, a checked intermediate step), or None for none. They reach the
+        advantage module as the batch key ``turn_rewards``, each at its turn's last token;
+        the outcome reward stays :meth:`reward`'s."""
+        return None
+
     def max_episode_len(self, max_new_tokens: int) -> int:
         """Longest token sequence an episode can produce (``<bos>`` included)."""
         return (1 + self.max_prompt_len + self.max_turns * max_new_tokens
