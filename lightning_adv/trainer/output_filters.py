@@ -19,6 +19,9 @@ IGNORED_WARNINGS = (
      "a Hugging Face policy's frozen reference stays in eval mode on purpose"),
     (".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
      "Lightning's own use of a torch API torch deprecated: nothing for the user to change"),
+    (".*The dirpath has changed from .* won't be reloaded.*",
+     "a resumed run in a new version_N, or an evaluation in eval/, keeps its checkpoints "
+     "apart from the parent's on purpose (and the CLI says where it writes)"),
 )
 
 #: log records of Lightning's loggers dropped (message prefixes): advertisements
