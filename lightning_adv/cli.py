@@ -277,9 +277,7 @@ class LightningAdvCLI(LightningCLI):
             continue_in(trainer, self.resume.parent, self.checkpoint_info["step"])
             warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
         elif self.resume is not None:
-            new_version(trainer)
-            # Lightning's note that the checkpoint callback's state stays behind: by design.
-            warnings.filterwarnings("ignore", "The dirpath has changed from")
+            new_version(trainer)  # (Lightning's "dirpath has changed" note: output_filters)
         try:
             super().instantiate_classes()
         except ValueError as exc:

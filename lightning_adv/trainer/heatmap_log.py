@@ -112,7 +112,7 @@ class HeatmapLog:
                 kind = "greedy" if s == 0 else f"sample {s}"
                 labels.append(f"prompt {ep.index} · group {g} · {kind} · {reward_text(ep.reward)}")
             start += len(group)
-        self.draw_and_log(module, stage, batch, out, rows, labels)
+        self.draw_and_log(module, stage, batch, out, rows, labels, step)
 
     def draw_and_log(self, module: Any, stage: str, batch: dict[str, Any], out: dict[str, Any],
                      rows: list[int], labels: list[str], step: Optional[int] = None) -> None:

@@ -237,7 +237,8 @@ def test_resume_trains_with_the_command_line_not_the_checkpoint(tmp_path, capsys
 def test_resuming_a_different_network_is_refused_naming_the_keys(tmp_path, capsys):
     fit("grpo", tmp_path, "--trainer.limit_train_batches=1")
     ckpt = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
-    code, err = failed_fit("ppo", tmp_path, f"--ckpt_path={ckpt}", capsys)
+    # (a second epoch: the checkpoint's run finished its first)
+    code, err = failed_fit("ppo", tmp_path, (f"--ckpt_path={ckpt}", "--trainer.max_epochs=2"), capsys)
     assert code == 2
     assert "model.policy.value_head (False in the checkpoint, True now)" in err, err
     assert "value_head" in err and "ckpt_path" in err

@@ -218,7 +218,7 @@ def test_bad_hf_input_stops_before_training_naming_the_key(config, override, cod
     if "LONG" in override:
         long = tmp_path / "long.jsonl"
         long.write_text('{"prompt": "ab", "answer": "ba"}\n{"prompt": "%s", "answer": "x"}\n'
-                        % ("a" * 600))
+                        % ("a" * 600) + '{"prompt": "ab", "answer": "ba"}\n' * 20)  # 16 held out
         override = override.replace("LONG", str(long))
     if "BROKEN" in override:  # a model directory whose config.json is not JSON
         broken = tmp_path / "broken"
