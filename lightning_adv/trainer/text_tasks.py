@@ -91,6 +91,10 @@ def _check_messages(prompt: Any, where: str) -> None:
                          f"{{\"role\": str, \"content\": str}} messages, got {prompt!r:.200}")
 
 
+#: (file, its blank lines) already reported in this process
+_BLANK_LINES_SAID: set[tuple[str, tuple[int, ...]]] = set()
+
+
 def load_prompt_records(path: str | Path, key: str = "task.dataset") -> list[dict[str, Any]]:
     """The records of a JSON-lines prompt file, checked: every non-blank line is a JSON
     object with a usable ``prompt``. Errors name the key, the file and the line; blank
@@ -123,7 +127,9 @@ def load_prompt_records(path: str | Path, key: str = "task.dataset") -> list[dic
             records.append(record)
     if not records:
         raise ValueError(f"{key}: {str(path)!r} holds no records")
-    if blank:
+    said = (str(Path(path).resolve()), tuple(blank))
+    if blank and said not in _BLANK_LINES_SAID:  # the CLI reads a dataset twice: check, then run
+        _BLANK_LINES_SAID.add(said)
         shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
         warnings.warn(f"{key}: {str(path)!r} has {len(blank)} blank line(s) (line {shown}); they "
                       f"are skipped, so prompt i of the pool is the i-th non-blank line", stacklevel=2)

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,6 @@ def test_a_blank_line_in_a_dataset_is_reported_naming_it(tmp_path):
                                          r"non-blank line"):
         records = load_prompt_records(path)
     assert [r["prompt"] for r in records] == ["ab", "cd"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the CLI reads the file twice (check, then run)
+        assert load_prompt_records(path) == records
