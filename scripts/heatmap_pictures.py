@@ -1,6 +1,6 @@
-"""Draw the pictures of the heatmaps guide (docs/guide/heatmaps.md) from real runs.
+"""Draw the pictures of the heatmaps guide (docs/guides/heatmaps.md) from real runs.
 
-    python scripts/heatmap_pictures.py --out docs/guide/heatmaps
+    python scripts/heatmap_pictures.py --out docs/guides/heatmaps
 
 Trains two shipped configs for ``--steps`` steps each (logs in a temporary directory,
 heatmaps at the first and the last step): ``turn_gae`` (multi-turn, a critic, advantage

@@ -2,8 +2,10 @@
 
 Plain data (no imports from the package), so the config can fill itself from a recipe
 name without a cycle. This table is the one source:
-``configs/advantage/<name>.yaml`` are generated from it (``python -m lightning_adv.recipes
---write configs/advantage``), and a test keeps them in step. Three ways to use one:
+``configs/advantage/<name>.yaml`` are generated from it (``python
+scripts/write_recipe_configs.py``), and a test keeps them in step; so is the recipe
+reference of the documentation (``python scripts/generate_reference.py``), which shows the
+table below. Three ways to use one:
 
 - ``lightning_adv.recipes.recipe(name, **overrides)`` in Python;
 - ``model.actor.recipe: name`` in a trainer config: the recipe supplies every actor field
@@ -34,7 +36,7 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | optimal_token_baseline | G_t - sum_g(G_t W_t) / sum_g(W_t), per generated step | verl optimal_token_baseline |
 | tir_optimal_token_baseline | the same (steps over generated tokens; tool outputs are not steps) | verl tir_optimal_token_baseline |
 | maxrl | (r_i - mean_g r) / mean_g r, 0 where mean_g r <= 0 | MaxRL, arXiv:2602.02710 (prime-rl, SkyRL) |
-| turn_rloo | turn k: G_k - mean of G_k over the group's other episodes that reached turn k | this project (docs/guide/agents.md) |
+| turn_rloo | turn k: G_k - mean of G_k over the group's other episodes that reached turn k | this project (docs/guides/agents.md) |
 | gigpo | turn k: episode-level group advantage + anchor-state group advantage of G_k | Feng et al., 2025, GiGPO, arXiv:2505.10978 (ROLL) |
 
 GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the

@@ -10,7 +10,7 @@ advantage after the estimate, undiscounted, as in ``turn_gae``.
 
 - ``turn_rloo``: ``A_k = G_k - mean of G_k over the other episodes of the prompt group
   that reached turn k`` (leave-one-out), ``G_k`` the discounted return from turn k.
-  Unbiased whatever number of turns the policy takes (docs/guide/agents.md derives it).
+  Unbiased whatever number of turns the policy takes (docs/guides/agents.md derives it).
 - ``turn_index_norm``: per-turn rewards normalized per turn index within the group, then
   summed from turn k on (MT-GRPO-style). Biased when the policy decides how many turns
   to take; kept for comparison.
@@ -134,7 +134,7 @@ def turn_rloo(inputs: TemporalInputs) -> TemporalResult:
 
     The baseline depends only on the turn index and on other, independently sampled
     episodes, never on the episode's own actions, so the policy gradient stays unbiased
-    however many turns the policy takes (docs/guide/agents.md). ``discount`` is the
+    however many turns the policy takes (docs/guides/agents.md). ``discount`` is the
     per-turn gamma. A group that exclusion of unscorable rows shrank to one episode gets
     advantage 0, as every group stage.
     """

@@ -114,6 +114,7 @@ class Sample:
 
     @property
     def num_tokens(self) -> int:
+        """Generated tokens over all turns, ``<eos>`` included."""
         return sum(len(t.tokens) for t in self.turns)
 
 
@@ -144,6 +145,7 @@ class Task:
 
     @property
     def vocab(self) -> Vocab:
+        """The character vocabulary of ``symbols`` (the built-in policy's tokens)."""
         if not hasattr(self, "_vocab"):
             self._vocab = Vocab(self.symbols)
         return self._vocab

@@ -3,6 +3,7 @@ directory (a short fit), opened in headless Chromium."""
 
 import base64
 import io
+import os
 import re
 from html.parser import HTMLParser
 
@@ -93,9 +94,19 @@ def test_the_report_holds_the_latest_heatmaps_as_logged(report, run_dir):
     assert curve.shape[0] > 200 and curve[..., :3].std() > 0.05  # a drawn curve, not blank
 
 
+def need_browser() -> None:
+    """Skip without a browser, except in CI (LIGHTNING_ADV_REQUIRE_BROWSER=1), where a
+    missing browser is a failure: there a skip would hide an untested page."""
+    if find_browser() is not None:
+        return
+    reason = "no Chromium-family browser on PATH (CI installs chromium in .ci/run)"
+    if os.environ.get("LIGHTNING_ADV_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (LIGHTNING_ADV_REQUIRE_BROWSER=1)")
+    pytest.skip(reason)
+
+
 def test_the_report_renders_in_headless_chromium(report):
-    if find_browser() is None:
-        pytest.skip("no Chromium-family browser on PATH (CI installs chromium in .ci/run)")
+    need_browser()
     rendered = render_page(report, width=1200)
     assert rendered.console_errors == []
     assert rendered.images == len(parsed(report).images) >= 9 and rendered.broken_images == 0
@@ -108,8 +119,7 @@ def test_the_report_renders_in_headless_chromium(report):
 
 
 def test_the_browser_check_sees_console_errors_and_broken_images(tmp_path):
-    if find_browser() is None:
-        pytest.skip("no Chromium-family browser on PATH (CI installs chromium in .ci/run)")
+    need_browser()
     page = tmp_path / "bad.html"
     page.write_text('<html><body><img src="missing.png"><script>console.error("logged");'
                     'throw new Error("thrown")</script></body></html>')
