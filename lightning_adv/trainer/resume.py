@@ -110,8 +110,11 @@ def nothing_left_to_train(info: Mapping[str, Any], max_epochs: Optional[int], ma
     more = "--trainer.max_epochs (each more epoch trains trainer.limit_train_batches steps)"
     if info["epochs_done"] < max_epochs:
         more += " or --trainer.limit_train_batches (the steps of its last epoch)"
+    # (a last.ckpt saved at the end of fit holds all of the epoch's steps before Lightning
+    # counts the epoch as done)
+    done = max(info["epochs_done"], step // steps_per_epoch if steps_per_epoch else 0)
     return (f"nothing is left to train: the checkpoint holds {step} training steps "
-            f"({info['epochs_done']} epoch(s) done) and this config trains {total} "
+            f"({done} epoch(s) done) and this config trains {total} "
             f"({max_epochs} epoch(s) of {steps_per_epoch} steps); to train on, raise {more}. "
             f"The checkpoint is left as it is")
 

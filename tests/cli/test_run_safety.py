@@ -62,6 +62,7 @@ def test_resuming_a_finished_run_says_so_and_leaves_last_ckpt_untouched(tmp_path
     assert code == 2
     first = err.splitlines()[0]
     assert first.startswith("error: ckpt_path: nothing is left to train") and "2 training steps" in first
+    assert "(1 epoch(s) done) and this config trains 2 (1 epoch(s) of 2 steps)" in first, first
     assert "--trainer.max_epochs" in first and "left as it is" in first, err
     assert file_digests(tmp_path) == before, "last.ckpt byte-identical, no new run directory"
     # Extending it as the message says trains the next epoch, beside the finished run.

@@ -122,7 +122,7 @@ def test_under_ddp_every_rank_scores_the_validation_heatmap_and_rank_0_draws(tmp
     logged, _ = images(tmp_path / "turn_gae" / "version_0")
     assert {tag: [s for s, _ in entries] for tag, entries in logged.items()} == {
         "train/advantage_heatmap": [0, 1], "train/advantage_heatmap_raw": [0, 1],
-        "val/advantage_heatmap": [2], "val/advantage_heatmap_raw": [2]}
+        "val/advantage_heatmap": [1], "val/advantage_heatmap_raw": [1]}  # the val scalars' step
     # Both ranks ran the validation's advantage call (a collective under DDP): two training
     # steps, then two prompt groups of the greedy response and 4 samples.
     for rank in (0, 1):
