@@ -253,13 +253,19 @@ class PPOModule(pl.LightningModule):
         for name, metric in metrics.items():
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
         if batch_idx == 0 and self.sample_log_config.every_n_steps:
-            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count))
-            self.heatmap_log.evaluation(self, stage, greedy, sampled)
+            # Beside the stage's scalars: during fit Lightning logs them at the index of
+            # the last training step (a resumed run's TensorBoard then has no event after
+            # its checkpoint's step).
+            fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+            step = max(self.rollout_step - 1, 0) if fitting else self.rollout_step
+            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count),
+                           step)
+            self.heatmap_log.evaluation(self, stage, greedy, sampled, step)
 
-    def _log_text(self, tag: str, text: str) -> None:
+    def _log_text(self, tag: str, text: str, step: Optional[int] = None) -> None:
         experiment = getattr(self.logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_text"):
-            experiment.add_text(tag, text, self.rollout_step)
+            experiment.add_text(tag, text, self.rollout_step if step is None else step)
 
     # ------------------------------------------------------------------ the training step
 
