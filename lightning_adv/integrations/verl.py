@@ -49,7 +49,7 @@ from lightning_adv.exceptions import IgnoredSettingWarning
 from lightning_adv.integrations.response_batch import response_advantages
 from lightning_adv.losses.aggregation import TokenCounts
 from lightning_adv.losses.policy_loss_registry import (
-    policy_loss_names, resolve_policy_loss)
+    BUILTIN_POLICY_LOSSES, policy_loss_names, resolve_policy_loss)
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.recipes import RECIPES, recipe
 
@@ -250,7 +250,8 @@ def ppo_loss_for(name: str, loss_agg_mode: str, config: Any) -> PPOLoss:
     if config is None:
         raise ValueError(f"verl policy loss 'la_{name}': needs the actor config (verl passes "
                          f"config=actor config)")
-    spec = resolve_policy_loss(name, None)
+    # a built-in's settings are checked when PPOLoss is built (dro's dro_beta is required)
+    spec = BUILTIN_POLICY_LOSSES.get(name) or resolve_policy_loss(name, None)
     clip = _get(config, "clip_ratio", 0.2)
     low = _get(config, "clip_ratio_low") or clip
     high = _get(config, "clip_ratio_high") or clip
