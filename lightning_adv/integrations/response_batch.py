@@ -139,22 +139,9 @@ def run_turn_ids(response_mask: Tensor) -> Tensor:
     return torch.where(generated, ids, -1)
 
 
-def response_advantages(module: AdvantageModule, where: str, token_rewards: Tensor,
-                        response_mask: Tensor, group_ids: Sequence[Hashable], *,
-                        per_token_rewards: bool, turns: Optional[str] = None,
-                        old_log_probs: Optional[Tensor] = None,
-                        extra: Optional[Mapping[str, Any]] = None,
-                        reward_columns: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """``module``'s advantages and returns of response rows, ``[B, R]`` each (0 off
-    ``response_mask``), in the caller's row order.
-
-    ``where`` names the caller in errors. ``turns``: None, ``"tokens"`` (each generated
-    token a turn: how per-token rewards are folded) or ``"runs"`` (each run of generated
-    tokens a turn, for turn GAE). ``extra`` holds further ``[B, R]`` response tensors
-    (``values``, ``sum_pi_squared``, ``rollout_is_weights``) or ``[B]`` ones
-    (``reward_baselines``); ``reward_columns`` a ``[B, K]`` reward per reward function,
-    in place of the summed outcome.
-    """
+def _check_inputs(where: str, token_rewards: Tensor, response_mask: Tensor,
+                  group_ids: Sequence[Hashable], old_log_probs: Optional[Tensor],
+                  extra: Optional[Mapping[str, Any]]) -> None:
     b, r = response_mask.shape
     _check_response_tensor(where, "token_level_rewards", token_rewards, (b, r))
     if len(group_ids) != b:
@@ -169,17 +156,48 @@ def response_advantages(module: AdvantageModule, where: str, token_rewards: Tens
     if bool(empty.any()):
         raise ValueError(f"{where}: 'response_mask': rows {empty.nonzero().flatten().tolist()[:10]} "
                          f"have no generated token")
+
+
+def response_advantages(module: AdvantageModule, where: str, token_rewards: Tensor,
+                        response_mask: Tensor, group_ids: Sequence[Hashable], *,
+                        per_token_rewards: bool, turns: Optional[str] = None,
+                        old_log_probs: Optional[Tensor] = None,
+                        extra: Optional[Mapping[str, Any]] = None,
+                        reward_columns: Optional[Tensor] = None,
+                        process_rewards: Optional[Tensor] = None,
+                        rollout_groups: Optional[Sequence[Any]] = None) -> tuple[Tensor, Tensor]:
+    """``module``'s advantages and returns of response rows, ``[B, R]`` each (0 off
+    ``response_mask``), in the caller's row order.
+
+    ``where`` names the caller in errors. ``turns``: None, ``"tokens"`` (each generated
+    token a turn: how per-token rewards are folded) or ``"runs"`` (each run of generated
+    tokens a turn, for turn GAE). ``extra`` holds further ``[B, R]`` response tensors
+    (``values``, ``sum_pi_squared``, ``rollout_is_weights``) or ``[B]`` ones
+    (``reward_baselines``); ``reward_columns`` a ``[B]`` or ``[B, K]`` outcome (one column
+    per reward function), in place of the summed ``token_rewards``; ``process_rewards``
+    ``[B, R]`` per-token process rewards (the batch's ``token_rewards``, shaped by the
+    config's process stage); ``rollout_groups`` one
+    :class:`~lightning_adv.RolloutGroup` (or None) per group, in first-appearance order.
+    """
+    b, r = response_mask.shape
+    _check_inputs(where, token_rewards, response_mask, group_ids, old_log_probs, extra)
     outcome, rest = split_token_rewards(where, token_rewards, response_mask, per_token_rewards)
     if reward_columns is not None:
         outcome = reward_columns
     turn_ids = {"tokens": token_turn_ids, "runs": run_turn_ids}[turns](response_mask) \
         if turns is not None else (token_turn_ids(response_mask) if rest is not None else None)
+    if process_rewards is not None:
+        if rest is not None:
+            raise ValueError(f"{where}: per-token rewards to fold and process rewards to shape "
+                             f"in one call")
+        rest = _check_response_tensor(where, "process_rewards", process_rewards, (b, r))
     batch = build_batch(response_mask, outcome, rest=rest, old_log_probs=old_log_probs,
                         turn_ids=turn_ids, extra=extra)
     order, sizes = group_order(group_ids)
     index = torch.tensor(order, device=response_mask.device)
     sorted_batch = {k: v.index_select(0, index) for k, v in batch.items()}
-    meta = BatchMeta(n_trajs=len(sizes), traj_group_sizes=sizes, rollout_groups=[None] * len(sizes))
+    groups = [None] * len(sizes) if rollout_groups is None else list(rollout_groups)
+    meta = BatchMeta(n_trajs=len(sizes), traj_group_sizes=sizes, rollout_groups=groups)
     out = module(sorted_batch, meta)
     inverse = torch.empty_like(index)
     inverse[index] = torch.arange(b, device=index.device)
