@@ -195,3 +195,32 @@ def test_grpo_singleton_group_differs(core, algo_config):
     others = torch.ones_like(mask)
     others[5] = False
     torch.testing.assert_close(ours[0][mask & others], theirs[0][mask & others], rtol=1e-5, atol=1e-6)
+
+
+def test_gdpo_reads_verls_reward_columns(core, algo_config):
+    """algorithm.gdpo_reward_keys: verl's gdpo normalizes each named column of its
+    non_tensor_batch within the group, weights and sums; la_gdpo reads the same columns
+    and weights. Same affine relation as above (the final whitening differs)."""
+    data = responses(1, dense=False)
+    rows, width = data["response_mask"].shape
+    g = torch.Generator().manual_seed(7)
+    columns = {"format": (torch.rand(rows, generator=g) > 0.5).float().numpy(),
+               "accuracy": torch.randint(0, 3, (rows,), generator=g).float().numpy()}
+    # verl puts each column at the attended response length - 1: rows without a tool span
+    mask = data["response_mask"]
+    for row in (0, 3):
+        mask[row, :int((mask[row] * torch.arange(1, width + 1)).max())] = 1.0
+    batch = {"prompts": torch.zeros(rows, 2, dtype=torch.long),
+             "attention_mask": torch.cat([torch.ones(rows, 2), mask], 1).long()}
+    config = algo_config(gdpo_reward_keys=["format", "accuracy"], gdpo_reward_weights=[1.0, 0.5])
+    kw = {"token_level_rewards": data["token_level_rewards"], "response_mask": data["response_mask"],
+          "index": data["index"], "config": config, "non_tensor_batch": columns, "batch": batch}
+    ours, theirs = both(core, "gdpo", kw)
+    ours_row, theirs_row = ours[0][:, 0].double(), theirs[0][:, 0].double()
+    slope = torch.linalg.lstsq(torch.stack([ours_row, torch.ones_like(ours_row)], 1),
+                               theirs_row[:, None]).solution.flatten()
+    torch.testing.assert_close(ours_row * slope[0] + slope[1], theirs_row, rtol=1e-4, atol=1e-4)
+    assert float(slope[0]) > 0.5
+    plain, _ = both(core, "gdpo", {k: v for k, v in kw.items()  # without the columns: the sum
+                                   if k not in ("non_tensor_batch", "batch")})
+    assert not torch.allclose(plain[0], ours[0])

@@ -69,3 +69,16 @@ def test_a_loss_setting_verl_cannot_give_is_named(verl):
     config = verl_config(verl, "sapo", "token-mean", None, {"tau_pos": -1.0, "tau_neg": 1.0})
     with pytest.raises(ValueError, match="tau_pos"):
         core.get_policy_loss_fn("la_sapo")(old, lp, adv, mask, "token-mean", config)
+
+
+def test_trls_vespo_runs_through_verls_registry_as_ppo_loss_does(verl):
+    """vespo has no verl counterpart: through verl's registry it equals PPOLoss's vespo."""
+    from lightning_adv import PPOLoss
+
+    core = verl[0]
+    lp, old, adv, mask, weights = batch(2)
+    config = verl_config(verl, "vanilla", "token-mean", None, {})
+    ours = core.get_policy_loss_fn("la_vespo")(old, lp, adv, mask, "token-mean", config, weights)[0]
+    direct = PPOLoss(clip_eps=0.2, clip_eps_high=0.28, policy_loss="vespo",
+                     sync_across_ranks=False)(lp, old, adv, mask, rollout_is_weights=weights)["loss"]
+    torch.testing.assert_close(ours, direct)
