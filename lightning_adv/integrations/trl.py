@@ -36,7 +36,8 @@ from lightning_adv.integrations.response_batch import response_advantages
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.recipes import recipe
 
-__all__ = ["AdvantageGRPOTrainer", "grpo_advantages", "trl_grpo_config", "rollout_groups_of"]
+__all__ = ["AdvantageGRPOTrainer", "grpo_advantages", "trl_grpo_config", "rollout_groups_of",
+           "map_trl_args", "check_trl_setup"]
 
 #: TRL 1.16's GRPO advantage: (r - mean_g) / (std_g + 1e-4), unbiased std (nanstd).
 TRL_STD_EPS = 1e-4
@@ -123,6 +124,23 @@ def map_trl_args(config: ActorConfig, args: Any, reward_weights: Optional[Tensor
             reward_weights is not None and float(reward_weights[0]) != 1.0):
         changes["reward_weights"] = [float(w) for w in reward_weights.tolist()]
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def check_trl_setup(num_processes: int, args: Any, ppo_loss: Optional[PPOLoss]) -> None:
+    """What the trainer cannot do, refused when it is built (before any generation)."""
+    if num_processes > 1:
+        raise NotImplementedError(
+            f"AdvantageGRPOTrainer: more than one process (accelerate num_processes "
+            f"{num_processes}) is not supported yet: a prompt's generations may sit on other "
+            f"ranks, whose completion masks this trainer does not gather")
+    if ppo_loss is not None and ppo_loss.current_kl_coef > 0 and not getattr(args, "beta", 0.0):
+        raise ValueError(f"GRPOConfig.beta: 0 with ppo_loss kl_coef {ppo_loss.current_kl_coef}: "
+                         f"TRL computes the reference log-probs only when beta > 0; set beta > 0 "
+                         f"(TRL's own KL term is then replaced by PPOLoss's)")
+    if ppo_loss is not None and ppo_loss.current_kl_coef == 0 and getattr(args, "beta", 0.0):
+        raise ValueError(f"GRPOConfig.beta: {args.beta} with ppo_loss kl_coef 0: ppo_loss replaces "
+                         f"TRL's loss, KL term included; give PPOLoss(kl_coef={args.beta}) (and "
+                         f"kl_estimator: TRL's is k3) instead")
 
 
 ProcessRewardFunc = Callable[..., Sequence[Sequence[float]]]

@@ -54,3 +54,21 @@ def test_bad_shapes_are_named():
         grpo_advantages(module, torch.zeros(4, 1), MASK, 3)
     with pytest.raises(ValueError, match=r"rewards_per_func: expected a \[4, K\] tensor"):
         grpo_advantages(module, torch.zeros(4), MASK, 2)
+
+
+def test_what_the_trainer_cannot_do_is_refused_when_it_is_built():
+    from lightning_adv import PPOLoss
+    from lightning_adv.integrations.trl import check_trl_setup
+
+    class Args:
+        beta = 0.0
+
+    with pytest.raises(NotImplementedError, match=r"more than one process \(accelerate num_processes 2\)"):
+        check_trl_setup(2, Args(), None)
+    with pytest.raises(ValueError, match=r"GRPOConfig.beta: 0 with ppo_loss kl_coef 0.1"):
+        check_trl_setup(1, Args(), PPOLoss(kl_coef=0.1))
+    check_trl_setup(1, Args(), PPOLoss())
+    Args.beta = 0.04
+    with pytest.raises(ValueError, match=r"GRPOConfig.beta: 0.04 with ppo_loss kl_coef 0"):
+        check_trl_setup(1, Args(), PPOLoss())
+    check_trl_setup(1, Args(), PPOLoss(kl_coef=0.04))
