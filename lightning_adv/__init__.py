@@ -14,7 +14,10 @@ What users build on (each defined in the subpackage of its layer):
 - the loss side: :class:`PPOLoss` (verl's policy losses, :func:`register_policy_loss` for
   your own), :func:`rollout_correction` (importance weights and rejection for off-policy
   tokens), :class:`AdvantageMetrics` and the KL controllers (:class:`KLController` to
-  write your own).
+  write your own);
+- pictures: :func:`advantage_heatmap` (per-token advantages of a few responses; needs
+  matplotlib, the ``plot`` extra) and :func:`heatmap_inputs` (its inputs from a batch and
+  the module's output).
 
 Errors and warnings are in :mod:`lightning_adv.exceptions`; the Lightning trainer is
 :class:`lightning_adv.trainer.PPOModule`. Every name is imported on first use, so
@@ -56,6 +59,7 @@ _EXPORTS = {
     **dict.fromkeys(("AdvantageInputs", "AdvantageResult", "OutcomeResult", "OutcomeRewardInputs",
                      "ProcessAdvantageInputs", "TemporalInputs", "TemporalResult"),
                     "lightning_adv.stages.types"),
+    **dict.fromkeys(("advantage_heatmap", "heatmap_inputs"), "lightning_adv.visualize"),
 }
 
 __all__ = [
@@ -70,7 +74,8 @@ __all__ = [
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
     "KLControllerConfig", "rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection",
-    "register_policy_loss", "PolicyLossInputs", "OffPolicyMetrics",
+    "register_policy_loss", "PolicyLossInputs", "OffPolicyMetrics", "advantage_heatmap",
+    "heatmap_inputs",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -127,3 +132,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.stages.types import (
         AdvantageInputs, AdvantageResult, OutcomeResult, OutcomeRewardInputs,
         ProcessAdvantageInputs, TemporalInputs, TemporalResult)
+    from lightning_adv.visualize import advantage_heatmap, heatmap_inputs

@@ -98,6 +98,14 @@ class RolloutCopy:
         return self.module
 
 
+def off_policy_parts(ppo: Any) -> tuple[OffPolicyMetrics, RolloutQueue, Optional[RolloutCopy]]:
+    """The trainer's off-policy state: its ``offpolicy/`` metrics, the queue of
+    ``ppo.off_policy_steps`` and the sampling copy of ``ppo.rollout_dtype`` (None: the
+    policy samples itself)."""
+    sampler = RolloutCopy(ppo.rollout_dtype) if ppo.rollout_dtype else None
+    return OffPolicyMetrics(dist_sync_on_step=False), RolloutQueue(ppo.off_policy_steps), sampler
+
+
 @dataclass
 class CorrectedBatch:
     """The aligned (next-token) tensors the update reads beside the advantage output."""

@@ -15,17 +15,18 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
    entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation), each over
    gradient-accumulating micro-batches of ``ppo.micro_batch_size`` rows when set;
 5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
-   histogram of advantages; the KL controller takes the step's KL.
+   histogram of advantages, every ``sample_log.every_n_steps`` steps a few responses as
+   text and as advantage heatmaps (:mod:`~lightning_adv.trainer.heatmap_log`); the KL
+   controller takes the step's KL.
 
 Every random draw of a step comes from generators seeded by (seed, step, rank) (the
 prompt order by (seed, epoch), the initial weights by the seed), so a
 resumed run reproduces the next step exactly.
 
 This module holds the LightningModule's hooks; the parts live beside it: the config
-sections in :mod:`~lightning_adv.trainer.config`, the setup checks in
-:mod:`~lightning_adv.trainer.setup` (one :class:`~lightning_adv.trainer.setup.TrainerPlan`,
-also the CLI's pre-flight check), steps 1-2 in :mod:`~lightning_adv.trainer.rollout` and
-step 4 in :mod:`~lightning_adv.trainer.update`.
+sections (:mod:`~lightning_adv.trainer.config`), the setup checks (one
+:class:`~lightning_adv.trainer.setup.TrainerPlan`, also the CLI's pre-flight check), steps
+1-2 (:mod:`~lightning_adv.trainer.rollout`) and step 4 (:mod:`~lightning_adv.trainer.update`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
-from lightning_adv.metrics.off_policy_metrics import OffPolicyMetrics
 from lightning_adv.config import ActorConfig
 from lightning_adv.distributed import report_failure
 from lightning_adv.losses.kl_controllers import KLControllerConfig
@@ -48,9 +48,10 @@ from lightning_adv.trainer.config import PPOConfig, PRMConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
 from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
+from lightning_adv.trainer.heatmap_log import HeatmapLog
 from lightning_adv.trainer.metrics import StepMetrics, episode_kl, log_histogram
 from lightning_adv.trainer.off_policy import (
-    QueuedRollout, RolloutCopy, RolloutQueue, correct_rollout, mean_task_reward)
+    QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.resume import reconcile_checkpoint
 import lightning_adv.trainer.rollout as rollouts
@@ -75,7 +76,8 @@ class PPOModule(pl.LightningModule):
             ``fixed`` or ``adaptive`` (Ziegler et al. 2019, with ``target`` and ``horizon``).
         evaluation: held-out prompts of ``validate``, ``test``, ``predict`` and of validation
             during ``fit`` (greedy reward, pass@k).
-        sample_log: a few responses logged as text every N training steps.
+        sample_log: a few responses logged as text and as advantage heatmaps every N
+            training steps.
     """
 
     def __init__(self, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
@@ -96,6 +98,7 @@ class PPOModule(pl.LightningModule):
         self.task_config, self.prm_config = plan.task, plan.prm
         self.kl_controller_config = plan.kl_controller
         self.eval_config, self.sample_log_config = plan.evaluation, plan.sample_log
+        self.heatmap_log = HeatmapLog(plan.sample_log, plan.runtime.vocab)
         self.save_hyperparameters(plan.hparams)
         self._seed = seed
         self.runtime, self.max_new_tokens = plan.runtime, plan.max_new_tokens
@@ -114,10 +117,8 @@ class PPOModule(pl.LightningModule):
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.eval_metrics = nn.ModuleDict({stage: EvalMetrics(self.eval_config.pass_k)
                                            for stage in EVAL_STAGES})
-        self.offpolicy_metrics = OffPolicyMetrics(dist_sync_on_step=False)
-        self.rollout_queue = RolloutQueue(self.ppo_config.off_policy_steps)
-        self.rollout_copy = (RolloutCopy(self.ppo_config.rollout_dtype)  # None: the policy
-                             if self.ppo_config.rollout_dtype else None)   # samples itself
+        self.offpolicy_metrics, self.rollout_queue, self.rollout_copy = off_policy_parts(
+            self.ppo_config)
         self.rollout_step = 0
         """training steps (rollouts) done so far; seeds the next step's generators, and is
         the policy version of what this step samples"""
@@ -253,6 +254,7 @@ class PPOModule(pl.LightningModule):
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
         if batch_idx == 0 and self.sample_log_config.every_n_steps:
             self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count))
+            self.heatmap_log.evaluation(self, stage, greedy, sampled)
 
     def _log_text(self, tag: str, text: str) -> None:
         experiment = getattr(self.logger, "experiment", None)
@@ -383,10 +385,11 @@ class PPOModule(pl.LightningModule):
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
-        m = out["loss_mask"]
-        self._log_histogram("train/advantages", out["advantages"][m > 0])
+        log_histogram(self.logger, self.trainer, self.global_rank, self.rollout_step,
+                      "train/advantages", out["advantages"][out["loss_mask"] > 0])
         if self.sample_log_config.due(self.rollout_step):
             self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
+            self.heatmap_log.training(self, batch, out, groups)
 
     @torch.no_grad()
     def _update_kl_controller(self, out: dict[str, Any]) -> None:
@@ -395,6 +398,3 @@ class PPOModule(pl.LightningModule):
             return
         kl, episodes = episode_kl(out)
         self.kl_controller.update(kl, n_steps=episodes)
-
-    def _log_histogram(self, tag: str, values: Tensor) -> None:
-        log_histogram(self.logger, self.trainer, self.global_rank, self.rollout_step, tag, values)

@@ -1,10 +1,10 @@
 """The peer frameworks' released code, for the tests that compare with it.
 
-A test that claims to match verl or TRL runs *their* installed package, never a formula
-re-typed from their documentation. :func:`peer_module` imports one of their modules and
-checks the sha256 of its source file against the pinned one, so a different release (or a
-patched file) fails with a message naming the file, instead of comparing against code
-nobody reviewed::
+A test that claims to match verl, TRL or another framework runs *their* installed
+package, never a formula re-typed from their documentation. :func:`peer_module` imports
+one of their modules and checks the sha256 of its source file against the pinned one, so
+a different release (or a patched file) fails with a message naming the file, instead of
+comparing against code nobody reviewed::
 
     core_algos = peer_module(*VERL_CORE_ALGOS)
     core_algos = peer_module("verl.trainer.ppo.core_algos", sha256="a54b...")
@@ -12,15 +12,23 @@ nobody reviewed::
 Tests that need a peer are marked ``@pytest.mark.peers``. When the peer is not importable
 they skip, with the install command as the reason, unless the environment variable
 ``LIGHTNING_ADV_REQUIRE_PEERS=1`` is set (CI sets it), in which case they fail.
+
+Peers that cannot be installed here (code at a pinned commit of a repository, or a
+wheel that does not import on this Python) are not imported at all: a script of ours
+runs their function once and records inputs and outputs as a data fixture under
+``tests/data/`` (with the commit, the file path and its sha256); :func:`recorded_cases`
+loads one and checks that it names the pinned file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Optional
 
 import pytest
 
@@ -33,8 +41,9 @@ REQUIRE_ENV = "LIGHTNING_ADV_REQUIRE_PEERS"
 INSTALL = {
     "verl": ("pip install -c constraints.txt --no-deps verl==0.9.1 && pip install -c "
              "constraints.txt -e '.[verl]'"),
-    "trl": "pip install -c constraints.txt trl",
+    "trl": "pip install -c constraints.txt trl==1.16.0",
 }
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 #: The released files the tests read, with their sha256 (verl 0.9.1, TRL 1.16.0).
 VERL_CORE_ALGOS = ("verl.trainer.ppo.core_algos",
@@ -47,22 +56,30 @@ TRL_GRPO_TRAINER = ("trl.trainer.grpo_trainer",
                     "1c3dc2253fb3653269c11dfce4f946f74201a4cb63e0887a37e8e3bb4a3f5503")
 
 
+def peers_required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1"
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def peer_module(name: str, sha256: str) -> ModuleType:
+sha256_of = file_sha256
+
+
+def peer_module(name: str, sha256: str, install: Optional[str] = None) -> ModuleType:
     """Import the peer module ``name`` and check that its source file is the pinned one.
 
     Skips (or, with ``LIGHTNING_ADV_REQUIRE_PEERS=1``, fails) when the peer is not
-    importable; fails when the file's sha256 differs from ``sha256``."""
+    importable; fails when the file's sha256 differs from ``sha256``. ``install``: the
+    install command given as the reason (default: the peer's in :data:`INSTALL`)."""
     top = name.split(".")[0]
+    how = install or INSTALL.get(top, f"pip install {top}")
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
-        reason = (f"peer {top!r} is not importable ({name}: {exc}); install it with: "
-                  f"{INSTALL.get(top, f'pip install {top}')}")
-        if os.environ.get(REQUIRE_ENV) == "1":
+        reason = f"peer {top!r} is not importable ({name}: {exc}); install it with: {how}"
+        if peers_required():
             pytest.fail(f"{reason} ({REQUIRE_ENV}=1: peers are required)", pytrace=False)
         pytest.skip(reason)
     path = getattr(module, "__file__", None)
@@ -73,5 +90,19 @@ def peer_module(name: str, sha256: str) -> ModuleType:
         version = getattr(importlib.import_module(top), "__version__", "unknown version")
         pytest.fail(f"peer module {name}: {path} has sha256 {digest}, but the tests compare "
                     f"with the file of sha256 {sha256}; {top} {version} is installed, not the "
-                    f"pinned release ({INSTALL.get(top, top)})", pytrace=False)
+                    f"pinned release ({how}); re-check the test against the new code before "
+                    f"updating the pin", pytrace=False)
     return module
+
+
+def recorded_cases(filename: str, *, source: str, sha256: str) -> dict[str, Any]:
+    """A recorded-peer fixture of ``tests/data/``, checked to come from the pinned file
+    (``source``: the file's path in its repository or wheel)."""
+    path = DATA / filename
+    data = json.loads(path.read_text())
+    peer = data.get("peer", {})
+    if peer.get("file") != source or peer.get("sha256") != sha256:
+        pytest.fail(f"{path}: recorded from {peer.get('file')!r} (sha256 {peer.get('sha256')}), "
+                    f"but the test expects {source!r} with sha256 {sha256}; re-record it (see "
+                    f"the script named in the file's 'recorded_by')")
+    return data
