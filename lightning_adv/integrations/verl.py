@@ -23,8 +23,9 @@ pipeline's batch (:mod:`lightning_adv.integrations.response_batch`), and maps th
 ``AlgoConfig`` onto the name's :class:`~lightning_adv.ActorConfig`
 (:func:`actor_config_for`). Note that verl 0.9.1's ``compute_advantage`` passes
 ``values`` only to its built-in ``gae``, and ``sum_pi_squared``/``old_log_probs`` only
-to its built-in optimal token baselines: ``la_gae`` and ``la_optimal_token_baseline``
-refuse a call without them, naming the key (docs/guide/verl.md).
+to its built-in optimal token baselines: ``la_gae`` and ``la_(tir_)optimal_token_baseline``
+refuse a call without them, naming the key (docs/guides/verl.md); ``la_gigpo`` needs the
+batch key ``anchor_state_ids``, which verl has no way to pass.
 
 **Policy losses.** verl calls ``fn(old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode, config, rollout_is_weights)`` with its actor config; the adapter builds
@@ -75,6 +76,7 @@ VERL_ESTIMATORS = {
     "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax", "opo": "opo",
     "gpg": "gpg", "grpo_passk": "grpo_passk", "gdpo": "gdpo",
     "optimal_token_baseline": "optimal_token_baseline",
+    "tir_optimal_token_baseline": "tir_optimal_token_baseline",
 }
 
 #: What becomes of each verl ``AlgoConfig`` field. ``discount``/``gae_lambda``: mapped onto
@@ -93,7 +95,11 @@ _READS_GAMMA = {"gae", "token_gae", "turn_gae", "reinforce", "reinforce_pp"}
 _READS_LAMBDA = {"gae", "token_gae", "turn_gae"}
 #: Temporal estimators: they read each token's reward where verl put it (the others the
 #: row's sum, as verl's outcome estimators do).
-_PER_TOKEN_ESTIMATORS = ("reinforce", "optimal_token_baseline", "turn_gae")
+_PER_TOKEN_ESTIMATORS = ("reinforce", "optimal_token_baseline", "tir_optimal_token_baseline",
+                         "turn_gae")
+#: Estimators over turns: each run of generated tokens is a turn (tool outputs between).
+_TURN_ESTIMATORS = ("turn_gae", "turn_rloo", "turn_index_norm")
+_OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def _algo_items(config: Any) -> dict[str, Any]:
@@ -112,7 +118,8 @@ def _algo_items(config: Any) -> dict[str, Any]:
 
 def actor_config_for(name: str, base: ActorConfig, algo: Any, *, gamma: Any = None,
                      lam: Any = None, epsilon: Optional[float] = None,
-                     norm_adv_by_std_in_grpo: Optional[bool] = None) -> ActorConfig:
+                     norm_adv_by_std_in_grpo: Optional[bool] = None,
+                     handle_zero_tail: bool = True) -> ActorConfig:
     """``base`` (the config registered as ``name``) with verl's algorithm settings mapped
     on (see :data:`ALGO_FIELDS`); a setting that cannot be mapped is refused, naming the
     field. Always: ``kl_ctl`` 0 (verl puts its in-reward KL into ``token_level_rewards``
@@ -148,6 +155,14 @@ def actor_config_for(name: str, base: ActorConfig, algo: Any, *, gamma: Any = No
     elif name == "gdpo" and not by_std:
         raise ValueError(f"{where}: algorithm.norm_adv_by_std_in_grpo: False cannot be mapped: "
                          f"gdpo's per-column normalization always divides by the group std")
+    spec = base.advantage.estimator
+    if spec is not None and spec.implementation in _OTB_ESTIMATORS:
+        # verl's keyword arguments of its optimal token baselines (defaults True and 1e-8)
+        kwargs = {**spec.kwargs, "handle_zero_tail": bool(handle_zero_tail),
+                  "eps": 1e-8 if epsilon is None else float(epsilon)}
+        tree = {f.name: getattr(base.advantage, f.name) for f in dataclasses.fields(base.advantage)}
+        changes["advantage"] = {**tree, "estimator": {"implementation": spec.implementation,
+                                                      "kwargs": kwargs}}
     # gdpo_reward_keys/weights: read by la_gdpo's call (verl reads them only in its gdpo)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     return ActorConfig(**{**fields, **changes})
@@ -177,7 +192,7 @@ def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tens
     # verl's outcome estimators (a group baseline of the reward: grpo, rloo, rf++-baseline,
     # ...) read the row's sum; its temporal ones each token's reward where it lies
     per_token = (stage in _PER_TOKEN_ESTIMATORS or name == "gae") and base.reward_norm is None
-    turns = "runs" if stage == "turn_gae" else None
+    turns = "runs" if stage in _TURN_ESTIMATORS else None
 
     def estimate(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None,
                  config: Any = None, values: Optional[Tensor] = None, gamma: Any = None,
@@ -188,14 +203,12 @@ def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tens
                  rollout_is_weights: Optional[Tensor] = None, non_tensor_batch: Any = None,
                  batch: Any = None, **unused: Any) -> tuple[Tensor, Tensor]:
         where = f"verl estimator 'la_{name}'"
-        if unused.pop("handle_zero_tail", False):
-            raise ValueError(f"{where}: handle_zero_tail=True cannot be mapped: this project's "
-                             f"optimal token baseline keeps the longest response's baseline past "
-                             f"the second longest (verl's default; docs/guide/verl.md has the size)")
+        handle_zero_tail = unused.pop("handle_zero_tail", True)  # verl's default
         if unused:
             raise TypeError(f"{where}: unexpected arguments {sorted(unused)}")
         actor = actor_config_for(name, base, config, gamma=gamma, lam=lam, epsilon=epsilon,
-                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+                                 handle_zero_tail=handle_zero_tail)
         algo = _algo_items(config)
         columns, weights = (_gdpo_columns(algo, non_tensor_batch, batch, response_mask)
                             if name == "gdpo" else (None, None))
@@ -207,10 +220,10 @@ def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tens
         extra = {k: v for k, v in (("values", values), ("sum_pi_squared", sum_pi_squared),
                                    ("rollout_is_weights", rollout_is_weights),
                                    ("reward_baselines", reward_baselines)) if v is not None}
-        if stage == "optimal_token_baseline" and (sum_pi_squared is None or old_log_probs is None):
+        if stage in _OTB_ESTIMATORS and (sum_pi_squared is None or old_log_probs is None):
             raise ValueError(f"{where}: needs 'sum_pi_squared' and 'old_log_probs'; verl 0.9.1's "
-                             f"compute_advantage passes them only to its built-in "
-                             f"optimal_token_baseline (actor.calculate_sum_pi_squared=True)")
+                             f"compute_advantage passes them only to its built-in optimal token "
+                             f"baselines (actor.calculate_sum_pi_squared=True)")
         group_ids = list(range(response_mask.shape[0])) if index is None else list(index)
         module = AdvantageModule(actor)
         with warnings.catch_warnings():

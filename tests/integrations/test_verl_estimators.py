@@ -29,15 +29,16 @@ def algo_config():
     return AlgoConfig
 
 
-def responses(seed: int, *, dense: bool, rows: int = 14, width: int = 9):
-    """verl's inputs: right-padded responses, a masked tool span in two rows, an outcome
+def responses(seed: int, *, dense: bool, rows: int = 14, width: int = 9, tools: bool = True):
+    """verl's inputs: right-padded responses, a masked tool span in two rows (``tools``), an outcome
     reward at each row's last generated token (plus, ``dense``, a per-token reward on
     every generated token: an in-reward KL penalty), groups in shuffled order."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(3, width + 1, (rows,), generator=g)
     mask = (torch.arange(width)[None] < lengths[:, None]).float()
-    mask[0, 1:3] = 0
-    mask[3, 1] = 0
+    if tools:
+        mask[0, 1:3] = 0
+        mask[3, 1] = 0
     last = (mask * torch.arange(width)).argmax(1)
     rewards = torch.zeros(rows, width)
     rewards[torch.arange(rows), last] = torch.randint(0, 3, (rows,), generator=g).float() * 0.5
@@ -65,7 +66,7 @@ def verl_kwargs(name: str, data: dict, config) -> dict:
     kw.update(index=data["index"], config=config)
     if name == "remax":
         kw["reward_baselines"] = data["reward_baselines"].clone()
-    if name == "optimal_token_baseline":
+    if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         kw.update(old_log_probs=data["old_log_probs"].clone(),
                   sum_pi_squared=data["sum_pi_squared"].clone(),
                   rollout_is_weights=data["rollout_is_weights"].clone())
@@ -86,25 +87,34 @@ def gap(ours, theirs, mask):
     return (ours[0] - theirs[0])[active].abs().max().item()
 
 
-#: Estimators whose advantages equal verl's to float rounding (float32, 1e-6), with the
-#: optimal token baseline's handle_zero_tail off (below: the default's difference).
-EQUAL = ("grpo", "rloo", "remax", "opo", "grpo_passk",
-         "optimal_token_baseline")
+#: Estimators whose advantages equal verl's to float rounding (float32, 1e-6), on batches
+#: with tool spans (response_mask 0 inside a response) except verl's column-counting
+#: optimal_token_baseline (below: the difference there).
+EQUAL = ("grpo", "rloo", "remax", "opo", "grpo_passk", "optimal_token_baseline",
+         "tir_optimal_token_baseline")
+WITH_TOOL_SPANS = ("grpo", "rloo", "remax", "opo", "grpo_passk", "tir_optimal_token_baseline")
 #: Estimators that whiten over the batch: verl's masked_whiten divides by sqrt(var + 1e-8),
 #: this project's normalization by std + 1e-5 (NormConfig.eps): a relative difference of
 #: about 1e-5 / std.
 WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
+#: (name, handle_zero_tail passed to both: None is verl's default, True, kept by the adapter)
+EQUAL_CASES = [(name, tail) for name in EQUAL
+               for tail in ((None, False) if "optimal_token" in name else (None,))]
+
+
 @pytest.mark.parametrize("dense", [False, True], ids=["outcome", "per-token"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", EQUAL)
-def test_estimators_equal_verls(core, algo_config, name, seed, dense):
-    data = responses(seed, dense=dense)
+@pytest.mark.parametrize("name, zero_tail", EQUAL_CASES,
+                         ids=[f"{n}-tail{t}" for n, t in EQUAL_CASES])
+def test_estimators_equal_verls(core, algo_config, name, zero_tail, seed, dense):
+    data = responses(seed, dense=dense, tools=name in WITH_TOOL_SPANS)
     config = algo_config(gamma=0.95, lam=0.9)
     kw = verl_kwargs(name, data, config)
-    extra = {"handle_zero_tail": False} if name == "optimal_token_baseline" else {}
-    ours, theirs = both(core, name, kw, **extra)
+    if zero_tail is not None:
+        kw["handle_zero_tail"] = zero_tail
+    ours, theirs = both(core, name, kw)
     mask = data["response_mask"] > 0
     torch.testing.assert_close(ours[0][mask], theirs[0][mask].float(), rtol=1e-5, atol=1e-6)
     assert ours[0].shape == theirs[0].shape
@@ -162,22 +172,23 @@ def test_gdpo_differs_in_its_batch_whitening(core, algo_config, seed):
     assert 0.01 < gap(ours, theirs, mask) < 1.0
 
 
-def test_optimal_token_baseline_differs_by_verls_default_zero_tail(core, algo_config):
-    """verl's default handle_zero_tail=True zeroes the baseline of a group's longest
-    response past the second longest; this project keeps it (the longest row's own return
-    there, advantage 0). Only those positions differ, by the return-to-go there."""
-    data = responses(0, dense=True)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_optimal_token_baseline_numbers_steps_by_generated_token_verl_by_column(
+        core, algo_config, seed):
+    """A tool span (response_mask 0) inside a response: this project numbers the optimal
+    token baseline's steps by generated token (the masked-token rule: a span never moves
+    another token's advantage; verl's tir_optimal_token_baseline, equal above), verl
+    0.9.1's optimal_token_baseline by column, so the rows of a group with a tool span
+    differ; groups without one are equal."""
+    data = responses(seed, dense=True)
     kw = verl_kwargs("optimal_token_baseline", data, algo_config())
     ours, theirs = both(core, "optimal_token_baseline", kw)
     mask = data["response_mask"] > 0
-    differs = (ours[0] - theirs[0]).abs() > 1e-5
-    assert bool(differs.any())
-    lengths = data["response_mask"].sum(1)
-    for row in differs.any(1).nonzero().flatten().tolist():
-        same = [i for i, g in enumerate(data["index"]) if g == data["index"][row]]
-        others = sorted((lengths[i] for i in same if i != row), reverse=True)
-        tail = int(others[0])  # the second longest of the group
-        assert not differs[row, :tail].any() and bool(mask[row, tail:].any())
+    spans = {data["index"][0], data["index"][3]}  # the groups of the rows with a tool span
+    plain = torch.tensor([g not in spans for g in data["index"]])
+    torch.testing.assert_close(ours[0][plain][mask[plain]], theirs[0][plain][mask[plain]],
+                               rtol=1e-5, atol=1e-6)
+    assert 0.01 < gap(ours, theirs, mask) < 2.0
 
 
 def test_grpo_singleton_group_differs(core, algo_config):

@@ -69,11 +69,6 @@ def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
         core.get_adv_estimator_fn("la_optimal_token_baseline")(
             token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
             index=data["index"])
-    with pytest.raises(ValueError, match=r"handle_zero_tail=True cannot be mapped"):
-        core.get_adv_estimator_fn("la_optimal_token_baseline")(
-            token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
-            index=data["index"], old_log_probs=data["old_log_probs"],
-            sum_pi_squared=data["sum_pi_squared"], handle_zero_tail=True)
 
 
 @pytest.mark.parametrize("field, value, message", [
