@@ -1,7 +1,7 @@
 """This project's advantages inside TRL 1.16's GRPOTrainer (the released package, its
 grpo_trainer.py pinned by hash), on a tiny local model on the CPU: training steps run end
 to end; with trl_grpo_config() the advantages equal TRL's own on the same batch; with
-process shaping they differ as docs/guide/trl.md says (additive per-token rewards)."""
+process shaping they differ as docs/guides/trl.md says (additive per-token rewards)."""
 
 import warnings
 

@@ -1,6 +1,6 @@
 """Every estimator verl 0.9.1 and this project both have, called through verl's own
 registry after register(): the la_ adapter gives verl's numbers (its released code,
-pinned by hash), or the difference docs/guide/verl.md documents, whose size is measured
+pinned by hash), or the difference docs/guides/verl.md documents, whose size is measured
 here (a difference that grew or vanished fails the test, so the page stays true)."""
 
 import warnings
