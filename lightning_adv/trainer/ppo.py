@@ -55,7 +55,8 @@ from lightning_adv.trainer.off_policy import (
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.resume import reconcile_checkpoint
 import lightning_adv.trainer.rollout as rollouts
-from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
+from lightning_adv.trainer.sample_log import (
+    SampleLogConfig, evaluation_log_step, log_text, samples_markdown)
 from lightning_adv.trainer.setup import TrainerPlan
 from lightning_adv.trainer.tasks import TaskConfig
 from lightning_adv.trainer.update import UpdateHooks, ppo_update
@@ -253,19 +254,10 @@ class PPOModule(pl.LightningModule):
         for name, metric in metrics.items():
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
         if batch_idx == 0 and self.sample_log_config.every_n_steps:
-            # Beside the stage's scalars: during fit Lightning logs them at the index of
-            # the last training step (a resumed run's TensorBoard then has no event after
-            # its checkpoint's step).
-            fitting = self._trainer is not None and self.trainer.state.fn == "fit"
-            step = max(self.rollout_step - 1, 0) if fitting else self.rollout_step
-            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count),
-                           step)
+            step = evaluation_log_step(self)  # that of the stage's scalars
+            log_text(self, f"{stage}/samples",
+                     samples_markdown(greedy, self.sample_log_config.count), step)
             self.heatmap_log.evaluation(self, stage, greedy, sampled, step)
-
-    def _log_text(self, tag: str, text: str, step: Optional[int] = None) -> None:
-        experiment = getattr(self.logger, "experiment", None)
-        if self.global_rank == 0 and hasattr(experiment, "add_text"):
-            experiment.add_text(tag, text, self.rollout_step if step is None else step)
 
     # ------------------------------------------------------------------ the training step
 
@@ -390,7 +382,8 @@ class PPOModule(pl.LightningModule):
         log_histogram(self.logger, self.trainer, self.global_rank, self.rollout_step,
                       "train/advantages", out["advantages"][out["loss_mask"] > 0])
         if self.sample_log_config.due(self.rollout_step):
-            self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
+            log_text(self, "train/samples", samples_markdown(groups, self.sample_log_config.count),
+                     self.rollout_step)
             self.heatmap_log.training(self, batch, out, groups)
 
     @torch.no_grad()
