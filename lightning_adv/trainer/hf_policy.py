@@ -263,6 +263,13 @@ class HFPolicy(nn.Module):
                          logits_to_keep=1)
         return out.logits, out.cache
 
+    def reference_logits(self, input_ids: Tensor) -> Tensor:
+        """The logits of the model with its LoRA adapters disabled: the reference policy
+        under LoRA (a method of its own, so that a sharded policy gathers its weights for
+        it as for ``forward``)."""
+        with self.model.disable_adapter():
+            return self.model(input_ids=input_ids, use_cache=False).logits
+
     def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
         """The reference policy: under LoRA this model with its adapters disabled, else a
         frozen copy of it as it is now (call before training)."""
@@ -286,8 +293,13 @@ class HFPolicy(nn.Module):
         state = state_dict if state_dict is not None else self.state_dict()
         model = self.model
         with no_progress_bars():  # "Writing model shards" at every checkpoint otherwise
+            if self.lora is not None and state_dict is not None:
+                # a sharded policy's adapters: an unsharded copy holding the gathered weights
+                model = unsharded_lora_copy(model, _part(state, "model."))
             if self.lora is not None and self.lora.save == "merged":
-                model = copy.deepcopy(model).merge_and_unload()
+                model = copy.deepcopy(model) if model is self.model else model
+                model.merge_and_unload().save_pretrained(directory)
+            elif self.lora is not None:
                 model.save_pretrained(directory)
             else:
                 model.save_pretrained(directory, state_dict=_part(state, "model.")
@@ -300,22 +312,29 @@ class HFPolicy(nn.Module):
         return directory
 
 
-def uses_fsdp(trainer: Any) -> bool:
-    """The (Lightning) trainer shards the module with FSDP."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    return trainer is not None and isinstance(trainer.strategy, FSDPStrategy)
-
-
 def save_trained_policy(trainer: Any, policy: HFPolicy, tokenizer: Any, directory: str) -> None:
-    """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. Under FSDP every
-    rank takes part in gathering the full state dict first."""
-    state = None
-    if uses_fsdp(trainer):  # collective: the full, unsharded weights, on rank 0 only
-        full = trainer.strategy.lightning_module_state_dict()
-        state = _part(full, "policy.")
+    """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. A sharded policy's
+    full weights are gathered first, on every rank (a collective)."""
+    from lightning_adv.trainer.sharding import full_state_dict, is_sharded
+
+    state = full_state_dict(policy) if is_sharded(policy) else None
     if trainer.is_global_zero:
         policy.save_pretrained(directory, tokenizer, state_dict=state)
+
+
+def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """A ``peft`` model of ``model``'s architecture and adapters holding the full weights
+    ``state`` (its gathered state dict), on CPU. (Built on the meta device, the copy would
+    lack the buffers its constructor computes, such as the rotary frequencies.)"""
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    with torch.random.fork_rng(devices=[]):  # (its random initial weights are overwritten)
+        unsharded = get_peft_model(type(base)(base.config),
+                                   copy.deepcopy(model.peft_config["default"]))
+    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+    unsharded.load_state_dict(state, strict=True)
+    return unsharded.to(dtype=dtype) if dtype is not None else unsharded
 
 
 def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -340,8 +359,7 @@ class AdapterDisabledReference:
         self.policy = policy
 
     def __call__(self, input_ids: Tensor) -> tuple[Tensor, None]:
-        with self.policy.model.disable_adapter():
-            return self.policy.model(input_ids=input_ids, use_cache=False).logits, None
+        return self.policy.reference_logits(input_ids), None
 
 
 def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:

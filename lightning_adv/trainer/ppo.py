@@ -53,6 +53,8 @@ from lightning_adv.trainer.resume import reconcile_checkpoint
 import lightning_adv.trainer.rollout as rollouts
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.setup import TrainerPlan
+# (importing it registers --trainer.strategy=fsdp2 with Lightning)
+from lightning_adv.trainer.sharding import configure_sharding
 from lightning_adv.trainer.tasks import TaskConfig
 from lightning_adv.trainer.update import UpdateHooks, ppo_update
 
@@ -161,14 +163,18 @@ class PPOModule(pl.LightningModule):
             group["lr"] = self.ppo_config.lr
             group["weight_decay"] = self.ppo_config.weight_decay
 
+    def configure_model(self) -> None:
+        """Under ``--trainer.strategy=fsdp2`` shard the Hugging Face policy, its critic and
+        the reference policy (:mod:`~lightning_adv.trainer.sharding`); otherwise nothing."""
+        if self._trainer is not None:
+            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy,
+                               hf=self.hf_tokenizer is not None)
+
     def on_fit_start(self) -> None:
         if self.hf_tokenizer is not None:
-            from lightning_adv.trainer.hf_policy import check_device_dtype, uses_fsdp
+            from lightning_adv.trainer.hf_policy import check_device_dtype
 
             check_device_dtype(self.policy_config.dtype, self.device)
-            if uses_fsdp(self._trainer) and self.policy_config.lora is not None:
-                raise ValueError("policy.lora: LoRA under the FSDP strategy is not supported "
-                                 "(saving would need the sharded adapters merged); use DDP")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
@@ -195,7 +201,8 @@ class PPOModule(pl.LightningModule):
             save_trained_policy(self.trainer, self.policy, self.hf_tokenizer, directory)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
+        if "state_dict" in checkpoint:  # (a sharded checkpoint's weights are loaded already)
+            reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
         saved = state.get("seed")
