@@ -51,9 +51,19 @@ def describe(differences: list[tuple[str, Any, Any]], prefix: str = "model.") ->
                      for key, old, new in differences)
 
 
+#: the file of a sharded checkpoint directory (``--trainer.strategy=fsdp2``) that holds
+#: everything but the weights and optimizer states (Lightning's name for it)
+SHARDED_METADATA = "meta.pt"
+
+
 def load_checkpoint_info(path: str) -> dict[str, Any]:
-    """``{"hparams": ..., "step": ...}`` of a Lightning checkpoint: its stored
-    hyper-parameters and the training steps it holds (memory-mapped, on CPU)."""
+    """``{"hparams": ..., "step": ...}`` of a Lightning checkpoint (a file, or the
+    directory of a sharded one): its stored hyper-parameters and the training steps it
+    holds (memory-mapped, on CPU)."""
+    if Path(path).is_dir():
+        if not (Path(path) / SHARDED_METADATA).is_file():
+            raise ValueError(f"a directory without {SHARDED_METADATA}, so not a sharded checkpoint")
+        path = str(Path(path) / SHARDED_METADATA)
     if not zipfile.is_zipfile(path):
         raise ValueError("not a torch.save archive")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
