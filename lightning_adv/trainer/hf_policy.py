@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.trainer.hf_tokenizer import HFTokenizer
+from lightning_adv.trainer.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
 from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -227,6 +228,9 @@ class HFPolicy(nn.Module):
     values ``[B, T]`` or None): position ``t`` has read tokens ``0..t``.
     """
 
+    reads_shared_prompts = True
+    """``forward(input_ids, shared=...)`` reads each shared prompt once"""
+
     def __init__(self, model: nn.Module, value_head: bool = False,
                  critic: Optional[nn.Module] = None, lora: Optional[LoRAConfig] = None):
         super().__init__()
@@ -243,15 +247,18 @@ class HFPolicy(nn.Module):
     def config(self) -> Any:
         return self.model.config
 
-    def forward(self, input_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-        shared = self.value_head is not None and self.critic is None
-        out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=shared)
+    def forward(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                ) -> tuple[Tensor, Optional[Tensor]]:
+        """``shared``: the rows that share their prompt, each distinct prompt read once
+        (:mod:`~lightning_adv.trainer.prompt_sharing`; the same numbers)."""
+        trunk = self.value_head is not None and self.critic is None
+        logits, hidden = causal_lm_pass(self.model, input_ids, shared, hidden=trunk)
         values = None
         if self.value_head is not None:
-            hidden = (out.hidden_states[-1] if shared else
-                      self.critic(input_ids=input_ids, use_cache=False).last_hidden_state)
+            if self.critic is not None:
+                hidden = base_model_pass(self.critic, input_ids, shared)
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
-        return out.logits, values
+        return logits, values
 
     def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                cache: Any = None) -> tuple[Tensor, Any]:
@@ -263,12 +270,13 @@ class HFPolicy(nn.Module):
                          logits_to_keep=1)
         return out.logits, out.cache
 
-    def reference_logits(self, input_ids: Tensor) -> Tensor:
+    def reference_logits(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                         ) -> Tensor:
         """The logits of the model with its LoRA adapters disabled: the reference policy
         under LoRA (a method of its own, so that a sharded policy gathers its weights for
         it as for ``forward``)."""
         with self.model.disable_adapter():
-            return self.model(input_ids=input_ids, use_cache=False).logits
+            return causal_lm_pass(self.model, input_ids, shared, hidden=False)[0]
 
     def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
         """The reference policy: under LoRA this model with its adapters disabled, else a
@@ -295,6 +303,8 @@ class HFPolicy(nn.Module):
         with no_progress_bars():  # "Writing model shards" at every checkpoint otherwise
             if self.lora is not None and state_dict is not None:
                 # a sharded policy's adapters: an unsharded copy holding the gathered weights
+                from lightning_adv.trainer.sharding import unsharded_lora_copy
+
                 model = unsharded_lora_copy(model, _part(state, "model."))
             if self.lora is not None and self.lora.save == "merged":
                 model = copy.deepcopy(model) if model is self.model else model
@@ -322,21 +332,6 @@ def save_trained_policy(trainer: Any, policy: HFPolicy, tokenizer: Any, director
         policy.save_pretrained(directory, tokenizer, state_dict=state)
 
 
-def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
-    """A ``peft`` model of ``model``'s architecture and adapters holding the full weights
-    ``state`` (its gathered state dict), on CPU. (Built on the meta device, the copy would
-    lack the buffers its constructor computes, such as the rotary frequencies.)"""
-    from peft import get_peft_model
-
-    base = model.get_base_model()
-    with torch.random.fork_rng(devices=[]):  # (its random initial weights are overwritten)
-        unsharded = get_peft_model(type(base)(base.config),
-                                   copy.deepcopy(model.peft_config["default"]))
-    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
-    unsharded.load_state_dict(state, strict=True)
-    return unsharded.to(dtype=dtype) if dtype is not None else unsharded
-
-
 def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
@@ -355,11 +350,14 @@ class AdapterDisabledReference:
     A plain object, not a module: it holds no parameters of its own, so checkpoints and
     optimizers see the policy once."""
 
+    reads_shared_prompts = True
+
     def __init__(self, policy: HFPolicy):
         self.policy = policy
 
-    def __call__(self, input_ids: Tensor) -> tuple[Tensor, None]:
-        return self.policy.reference_logits(input_ids), None
+    def __call__(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                 ) -> tuple[Tensor, None]:
+        return self.policy.reference_logits(input_ids, shared), None
 
 
 def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:

@@ -29,12 +29,13 @@ both, step by step).
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
-from torch import nn
+from torch import Tensor, nn
 
 #: the methods of a sharded policy that read its weights besides ``forward``
 FORWARD_METHODS = ("decode_step", "reference_logits")
@@ -179,3 +180,18 @@ def configure_sharding(strategy: Any, policy: nn.Module, reference: Any, *, hf: 
                          "(model.policy.pretrained); the built-in policy is a few hundred "
                          "thousand weights: use --trainer.strategy=ddp")
     shard_policies(policy, reference, data_parallel_mesh(strategy))
+
+
+def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """A ``peft`` model of ``model``'s architecture and adapters holding the full weights
+    ``state`` (its gathered state dict), on CPU. (Built on the meta device, the copy would
+    lack the buffers its constructor computes, such as the rotary frequencies.)"""
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    with torch.random.fork_rng(devices=[]):  # (its random initial weights are overwritten)
+        unsharded = get_peft_model(type(base)(base.config),
+                                   copy.deepcopy(model.peft_config["default"]))
+    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+    unsharded.load_state_dict(state, strict=True)
+    return unsharded.to(dtype=dtype) if dtype is not None else unsharded
