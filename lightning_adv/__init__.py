@@ -12,7 +12,10 @@ What users build on (each defined in the subpackage of its layer):
 - the kernels: :func:`compute_token_gae`, :func:`compute_turn_gae`, the per-row GAE λ
   functions;
 - the loss side: :class:`PPOLoss`, :class:`AdvantageMetrics` and the KL controllers
-  (:class:`KLController` to write your own).
+  (:class:`KLController` to write your own);
+- pictures: :func:`advantage_heatmap` (per-token advantages of a few responses; needs
+  matplotlib, the ``plot`` extra) and :func:`heatmap_inputs` (its inputs from a batch and
+  the module's output).
 
 Errors and warnings are in :mod:`lightning_adv.exceptions`; the Lightning trainer is
 :class:`lightning_adv.trainer.PPOModule`. Every name is imported on first use, so
@@ -49,6 +52,7 @@ _EXPORTS = {
     **dict.fromkeys(("AdvantageInputs", "AdvantageResult", "OutcomeResult", "OutcomeRewardInputs",
                      "ProcessAdvantageInputs", "TemporalInputs", "TemporalResult"),
                     "lightning_adv.stages.types"),
+    **dict.fromkeys(("advantage_heatmap", "heatmap_inputs"), "lightning_adv.visualize"),
 }
 
 __all__ = [
@@ -62,7 +66,7 @@ __all__ = [
     "compute_token_gae", "compute_turn_gae", "GAELambdaContext", "compute_gae_lambda",
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
-    "KLControllerConfig",
+    "KLControllerConfig", "advantage_heatmap", "heatmap_inputs",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -115,3 +119,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.stages.types import (
         AdvantageInputs, AdvantageResult, OutcomeResult, OutcomeRewardInputs,
         ProcessAdvantageInputs, TemporalInputs, TemporalResult)
+    from lightning_adv.visualize import advantage_heatmap, heatmap_inputs

@@ -89,6 +89,10 @@ def positive_number(key: str, value: Any) -> None:
     check_number(key, value, positive=True)
 
 
+def unit_interval(key: str, value: Any) -> None:
+    check_number(key, value, minimum=0.0, maximum=1.0)
+
+
 def warn_caller(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` attributed to the code that called into the pipeline (a user's
     ``module(batch)`` or ``ActorConfig(...)``), not to a frame inside it, so the location

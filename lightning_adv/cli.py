@@ -1,7 +1,7 @@
 """The LightningCLI of the trainer: ``python -m lightning_adv fit --config configs/ppo.yaml``.
 
 Besides LightningCLI's ``fit``, ``validate``, ``test`` and ``predict``, the commands of
-:data:`EXTRA_COMMANDS` (``make-tiny``) are dispatched before LightningCLI parses anything;
+:data:`EXTRA_COMMANDS` (``make-tiny``, ``report``) are dispatched before LightningCLI parses anything;
 each parses its own arguments (``python -m lightning_adv make-tiny --help``).
 
 jsonargparse checks types (and ``Literal`` choices) while parsing; right after it, before
@@ -38,9 +38,9 @@ from lightning_adv.trainer.callbacks import (
 from lightning_adv.trainer.evaluation import PredictionWriter
 from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.setup import validate_model_config
-from lightning_adv.trainer.resume import (
-    CheckpointMismatchError, config_differences, describe, load_checkpoint_info, run_dir_of)
-from lightning_adv.trainer.tasks import TaskError
+from lightning_adv.trainer.resume import config_differences, describe, load_checkpoint_info, run_dir_of
+from lightning_adv.exceptions import CheckpointMismatchError
+from lightning_adv.exceptions import TaskError
 
 #: training steps per epoch of a run on a drawn task that sets no length (the shipped
 #: configs' length); an epoch of the default prompt pool would be 3125 steps
@@ -72,6 +72,9 @@ SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("lightning_adv.trainer.tiny_hf_model:main",
                   "write a tiny random Hugging Face causal LM and its tokenizer"),
+    "report": ("lightning_adv.visualize.report:main",
+               "write one self-contained HTML page of a run directory: config, curves, "
+               "evaluation, advantage heatmaps"),
 }
 
 STAGE_FLAG = re.compile(r"--model\.actor\.advantage\.(compute|outcome_reward_shaping|estimator|"

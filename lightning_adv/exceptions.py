@@ -37,6 +37,17 @@ class GroupingError(ValueError):
         self.detail = detail
 
 
+class TaskError(ValueError):
+    """A task, reward or scorer function of the trainer returned something it cannot use.
+
+    The message names the config key and function, the prompt and the sample.
+    """
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's weights do not fit the network this trainer config builds."""
+
+
 class IgnoredSettingWarning(UserWarning):
     """A setting that has no effect in this configuration (or on this batch) was given."""
 

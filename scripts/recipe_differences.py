@@ -11,11 +11,13 @@ binary group rarely has a unique best), a second binary "format" reward for the
 multi-reward estimators, response lengths 8-48 tokens, behaviour log-probs -Exp(0.5) per
 token and a reference policy 0.05 nats away; seeded, so the numbers are reproducible.
 KL coefficients are matched on both sides (the recipe's); where a peer puts the KL
-elsewhere by default the README says so instead of measuring a different setting.
+elsewhere by default the page says so instead of measuring a different setting.
 
-    python scripts/recipe_differences.py          # the README table rows (markdown)
+    python scripts/recipe_differences.py                               # print the table
+    python scripts/recipe_differences.py --page docs/design/peers.md   # write it there
 
-``tests/test_recipe_differences.py`` checks that the README holds exactly this output.
+``--page`` replaces the table between the page's ``recipe-differences`` markers;
+``tests/docs/test_recipe_differences.py`` checks that the page holds exactly this output.
 """
 
 from __future__ import annotations
@@ -206,6 +208,13 @@ def verl_otb(batch: Batch, eps: float = 1e-8) -> torch.Tensor:
     for rows in _groups(batch):
         m = batch.mask[rows]
         baselines[rows] = ((returns[rows] * w[rows] * m).sum(0) / ((w[rows] * m).sum(0) + eps))
+        # handle_zero_tail (verl's default): a unique longest response's steps past the
+        # second longest one get baseline 0
+        lengths = m.sum(1)
+        ordered = lengths.sort().values
+        if (lengths == ordered[-1]).sum() == 1 and ordered[-1] > ordered[-2]:
+            longest = rows[int(lengths.argmax())]
+            baselines[longest, int(ordered[-2]):] = 0.0
     return (returns - baselines) * batch.mask
 
 
@@ -332,6 +341,27 @@ def markdown(seed: int = 0) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- recipe-differences:begin -->\n", "\n<!-- recipe-differences:end -->"
+
+
+def replace_table(text: str, table: str) -> str:
+    """``text`` with the table between its recipe-differences markers replaced."""
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"no {BEGIN.strip()} ... {END.strip()} markers in the page")
+    return text[:text.index(BEGIN) + len(BEGIN)] + table + text[text.index(END):]
+
+
 if __name__ == "__main__":
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--page", type=Path, help="write the table into this page's markers")
+    args = parser.parse_args()
     torch.set_num_threads(1)
-    print(markdown())
+    table = markdown()
+    if args.page is None:
+        print(table)
+    else:
+        args.page.write_text(replace_table(args.page.read_text(), table))
+        print(f"wrote {args.page}")

@@ -82,11 +82,12 @@ def table(runs: list[Run], window: int) -> str:
 def draw(runs: list[Run], out: Path, window: int) -> None:
     from PIL import Image, ImageDraw, ImageFont
 
-    width, height = 900, 480
-    left, right, top, bottom = 70, 30, 40, 60
+    legend_width = 190  # the legend sits right of the plot, never over a curve
+    width, height = 900 + legend_width, 480
+    left, right, top, bottom = 70, 30 + legend_width, 40, 60
     image = Image.new("RGB", (width, height), "white")
     pen = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default(size=14)
     max_step = max(max(r.steps) for r in runs) + 1
     tick = next(t * 10 ** k for k in range(8) for t in (1, 2, 5) if max_step / (t * 10 ** k) <= 6)
     y_max = max(1.0, max(max(r.rewards) for r in runs))
@@ -100,14 +101,15 @@ def draw(runs: list[Run], out: Path, window: int) -> None:
         value = y_max * i / 5
         _, y = xy(0, value)
         pen.line([(left, y), (width - right, y)], fill=(225, 225, 225))
-        pen.text((left - 40, y - 6), f"{value:.1f}", fill="black", font=font)
+        pen.text((left - 40, y - 8), f"{value:.1f}", fill="black", font=font)
     for step in range(0, max_step + 1, tick):  # x ticks
         x, _ = xy(step, 0)
         pen.line([(x, height - bottom), (x, height - bottom + 5)], fill="black")
         pen.text((x - 10, height - bottom + 8), str(step), fill="black", font=font)
     pen.rectangle([left, top, width - right, height - bottom], outline="black")
-    pen.text((width // 2 - 60, height - 25), "training step (rollout)", fill="black", font=font)
-    pen.text((10, top - 25), f"mean task reward per step (bold: moving average of {window})",
+    pen.text(((width - legend_width) // 2 - 70, height - 28), "training step (rollout)",
+             fill="black", font=font)
+    pen.text((10, top - 28), f"mean task reward per step (bold: moving average of {window})",
              fill="black", font=font)
 
     for k, run in enumerate(runs):
@@ -116,8 +118,8 @@ def draw(runs: list[Run], out: Path, window: int) -> None:
         pen.line([xy(s, v) for s, v in zip(run.steps, run.rewards)], fill=faint, width=1)
         smooth = moving_average(run.rewards, window)
         pen.line([xy(s, v) for s, v in zip(run.steps, smooth)], fill=color, width=3)
-        lx, ly = width - right - 190, height - bottom - 30 - 18 * (len(runs) - 1 - k)
-        pen.line([(lx, ly + 6), (lx + 25, ly + 6)], fill=color, width=3)
+        lx, ly = width - right + 15, top + 22 * k
+        pen.line([(lx, ly + 8), (lx + 25, ly + 8)], fill=color, width=3)
         pen.text((lx + 32, ly), run.label, fill="black", font=font)
     out.parent.mkdir(parents=True, exist_ok=True)
     image.save(out, optimize=True)

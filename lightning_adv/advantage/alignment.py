@@ -20,6 +20,8 @@ from lightning_adv.config import ActorConfig
 from lightning_adv.stages.types import TemporalInputs
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.advantage.reward_terms import kl_penalty
+from lightning_adv.ops.gae import turn_id_errors, validate_turn_ids
+from lightning_adv.ops.turns import TurnSlots, turn_slots
 from lightning_adv.exceptions import DroppedOutcomeRewardWarning
 
 
@@ -48,6 +50,8 @@ class AlignedBatch:
     mopd_behavior_logprobs: Optional[Tensor]
     kl_rewards: Tensor
     folded_token_rewards: Optional[Tensor]
+    """per-turn rewards, each at its turn's last active position: folded ``token_rewards``
+    (``token_rewards_as_adv=false``) plus ``turn_rewards``; None without either"""
     direct_token_rewards: Optional[Tensor]
     values: Tensor
     bootstrap_values: Tensor
@@ -92,16 +96,7 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
     kl = kl_penalty(old, ref, kl_coef, config.kl_estimator)
     last_valid = (facts.seqlens - 1).clamp(min=0)
 
-    folded = direct = None
-    if present(batch, "token_rewards"):
-        token_rewards = batch["token_rewards"].float()
-        if config.mask_no_eos_with_zero:
-            token_rewards = torch.where(facts.is_truncated[:, None], 0.0, token_rewards)
-        shifted = shift_left(token_rewards)
-        if config.token_rewards_as_adv:
-            direct = shifted * mask
-        else:
-            folded = _fold_turn_rewards(token_rewards, shifted, batch, mask, turn_ids)
+    folded, direct = _process_rewards(batch, facts, config, mask, turn_ids)
 
     values = batch["values"].float() if present(batch, "values") else torch.zeros_like(mask)
     bootstrap = values[rows, last_valid]
@@ -109,25 +104,70 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
                         values, bootstrap, facts.is_truncated, facts)
 
 
-def _fold_turn_rewards(token_rewards: Tensor, shifted: Tensor, batch: Mapping[str, Any],
-                       mask: Tensor, turn_ids: Optional[Tensor]) -> Tensor:
-    """Each turn's (uniform) process reward, once, at the turn's last predicting position."""
-    raw_active = batch["loss_mask"].bool()
-    same_turn = raw_active[:, :-1] & raw_active[:, 1:]
-    if present(batch, "turn_ids"):
-        raw_turns = batch["turn_ids"]
-        same_turn = same_turn & (raw_turns[:, :-1] == raw_turns[:, 1:])
-    uneven = same_turn & (token_rewards[:, :-1] != token_rewards[:, 1:])
-    if bool(uneven.any()):
-        rows = uneven.any(dim=1).nonzero().flatten().tolist()
-        raise ValueError(f"rollout batch 'token_rewards': actor.token_rewards_as_adv=false folds one "
-                         f"process reward per turn into GAE, so token rewards must be uniform within "
-                         f"each turn; rows {rows[:10]} change value inside a turn")
-    continues = torch.zeros_like(mask)
-    continues[:, :-1] = mask[:, 1:]
-    if turn_ids is not None:
-        continues[:, :-1] *= (turn_ids[:, :-1] == turn_ids[:, 1:]).float()
-    return shifted * mask * (1 - continues)
+def _process_rewards(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig,
+                     mask: Tensor, turn_ids: Optional[Tensor]
+                     ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """SPEC §3 step 7 and the per-turn rewards: (folded per-turn rewards at each turn's
+    last position, direct token rewards), each None when absent."""
+    folded = direct = None
+    slots = None
+    if present(batch, "token_rewards") or present(batch, "turn_rewards"):
+        if turn_ids is not None:
+            with turn_id_errors("rollout batch 'turn_ids' (shifted one step left)"):
+                validate_turn_ids(mask.bool(), turn_ids)
+        slots = turn_slots(mask, turn_ids)
+    if present(batch, "token_rewards"):
+        token_rewards = _zero_truncated(batch["token_rewards"].float(), facts, config)
+        shifted = shift_left(token_rewards)
+        if config.token_rewards_as_adv:
+            direct = shifted * mask
+        else:
+            folded = fold_turn_rewards(shifted, slots, "token_rewards", uniform_only=True)
+    if present(batch, "turn_rewards"):
+        per_turn = fold_turn_rewards(
+            shift_left(_zero_truncated(batch["turn_rewards"].float(), facts, config)), slots,
+            "turn_rewards", uniform_only=False)
+        folded = per_turn if folded is None else folded + per_turn
+    return folded, direct
+
+
+def _zero_truncated(rewards: Tensor, facts: BatchFacts, config: ActorConfig) -> Tensor:
+    if config.mask_no_eos_with_zero:
+        return torch.where(facts.is_truncated[:, None], 0.0, rewards)
+    return rewards
+
+
+def fold_turn_rewards(shifted: Tensor, slots: TurnSlots, key: str, uniform_only: bool) -> Tensor:
+    """Each turn's reward, once, at the turn's last active (aligned) position.
+
+    A turn's reward is the value at its last generated token; its other generated tokens
+    must hold the same value (broadcast over the turn), or, unless ``uniform_only``, all
+    0 (the reward placed at the turn's end). Masked tokens inside a turn are not read.
+    """
+    active = slots.rank >= 0
+    at_end = torch.where(slots.last, shifted.double(), 0.0)
+    per_turn = slots.table(at_end)             # [B, T]: each turn's value at its end
+    value = slots.spread(per_turn)
+    same = active & (shifted.double() == value)
+    zero = active & ~slots.last & (shifted == 0)
+    tokens = slots.table(active.double())
+    uniform = slots.table(same.double()) == tokens
+    at_end_only = slots.table(zero.double()) == tokens - 1
+    ok = uniform if uniform_only else uniform | at_end_only
+    bad = slots.present() & ~ok
+    if bool(bad.any()):
+        rows = bad.any(dim=1).nonzero().flatten().tolist()
+        if uniform_only:
+            rule = ("actor.token_rewards_as_adv=false folds one process reward per turn into "
+                    "the estimator, so token rewards must be uniform within each turn")
+        else:
+            rule = ("a turn's reward goes on every generated token of the turn, or on its last "
+                    "one with 0 on the others")
+        raise ValueError(f"rollout batch '{key}': {rule}; rows {rows[:10]} hold other values "
+                         f"inside a turn (turns by turn_ids, or runs of generated tokens "
+                         f"without them)")
+    return torch.where(slots.last, shifted, torch.zeros((), dtype=shifted.dtype,
+                                                        device=shifted.device))
 
 
 def place_outcome(scores: Tensor, aligned: AlignedBatch, config: ActorConfig) -> Tensor:

@@ -55,10 +55,12 @@ class RolloutGroup:
 
     @property
     def n_rollouts(self) -> int:
+        """The prompt's logical rollouts (episodes)."""
         return len(self.row_counts)
 
     @property
     def n_rows(self) -> int:
+        """The tensor rows its logical rollouts occupy."""
         return sum(self.row_counts)
 
     def validate_rows(self, n_rows: int) -> None:
@@ -117,6 +119,7 @@ class BatchMeta:
 
     @property
     def batch_size(self) -> int:
+        """Rows of the batch this meta describes (the sum of ``traj_group_sizes``)."""
         return sum(self.traj_group_sizes)
 
     @property

@@ -24,7 +24,10 @@ from lightning_adv.exceptions import LogProbRangeWarning, UnknownBatchKeyWarning
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
-                    "mopd_teacher_logp_sum")
+                    "turn_rewards", "mopd_teacher_logp_sum")
+#: Integer [B, T] keys, token-aligned: the turn of each generated token, and the anchor
+#: state it was generated from (GiGPO's step groups).
+TOKEN_ID_KEYS = ("turn_ids", "anchor_state_ids")
 MASK_KEYS = ("attention_mask", "loss_mask")
 #: Log-probabilities: at most 0 (plus :data:`LOGP_TOLERANCE`) where they are read.
 LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
@@ -40,7 +43,8 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               "tot_rewards", "kl_rewards", "input_token_loss_mask",
                               "mopd_behavior_logprobs", "unnormalized_advantages",
                               # read by some stages (register_stage(requires=...)), or written
-                              "reward_baselines", "sum_pi_squared", "unscorable")
+                              "reward_baselines", "sum_pi_squared", "rollout_is_weights",
+                              "anchor_state_ids", "turn_rewards", "unscorable")
 #: How alike a key must be to a known key to count as a misspelling of it
 #: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
 NEAR_MISS_CUTOFF = 0.75
@@ -153,7 +157,7 @@ def _check_token_tensor(key: str, x: Any, bs: int, width: int, device: torch.dev
             _fail(key, "a floating-point tensor", x.dtype)
     elif x.is_complex():
         _fail(key, "a real tensor", x.dtype)
-    elif key == "turn_ids" and x.is_floating_point() and not bool((x == x.round()).all()):
+    elif key in TOKEN_ID_KEYS and x.is_floating_point() and not bool((x == x.round()).all()):
         # Float ids (legacy data) are compared for equality when folding process
         # rewards; a NaN or fractional id would silently split or merge turns.
         _fail(key, "integer values (an integer dtype is best)", "NaN or fractional ids")
@@ -211,7 +215,7 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta],
     (``positive_ref_prox_logp``; default: warn).
     """
     bs, width, device = _check_required(batch)
-    for key in MASK_KEYS + TOKEN_FLOAT_KEYS + ("turn_ids",):
+    for key in MASK_KEYS + TOKEN_FLOAT_KEYS + TOKEN_ID_KEYS:
         if present(batch, key):
             _check_token_tensor(key, batch[key], bs, width, device)
     seqlens, aligned_loss_mask = _check_values(batch, config)

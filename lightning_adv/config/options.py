@@ -63,6 +63,7 @@ class PRMAdvantageShapingConfig:
     """GVPO: |advantage| <= zero_eps counts as zero"""
 
     def gvpo_kwargs(self) -> dict[str, float]:
+        """The GVPO values as the ``gvpo`` stage's keyword arguments."""
         return {"negative_scale": self.negative_scale, "zero_penalty": self.zero_penalty,
                 "zero_eps": self.zero_eps}
 

@@ -2,8 +2,10 @@
 
 Plain data (no imports from the package), so the config can fill itself from a recipe
 name without a cycle. This table is the one source:
-``configs/advantage/<name>.yaml`` are generated from it (``python -m lightning_adv.recipes
---write configs/advantage``), and a test keeps them in step. Three ways to use one:
+``configs/advantage/<name>.yaml`` are generated from it (``python
+scripts/write_recipe_configs.py``), and a test keeps them in step; so is the recipe
+reference of the documentation (``python scripts/generate_reference.py``), which shows the
+table below. Three ways to use one:
 
 - ``lightning_adv.recipes.recipe(name, **overrides)`` in Python;
 - ``model.actor.recipe: name`` in a trainer config: the recipe supplies every actor field
@@ -31,7 +33,11 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | grpo_batch_std | (r_i - mean_g r) / (std_batch r + eps) | TRL scale_rewards="batch" |
 | rloo_kl | RLOO of r_i - beta * sum_t (logprobs_t - ref_logp_t) | TRL RLOOTrainer |
 | remax | G_t - b_i, b_i a greedy response's reward | Li et al., 2024, ReMax, arXiv:2310.10505 |
-| optimal_token_baseline | G_t - sum_g(G_t W_t) / sum_g(W_t), per response step | verl optimal_token_baseline |
+| optimal_token_baseline | G_t - sum_g(G_t W_t) / sum_g(W_t), per generated step | verl optimal_token_baseline |
+| tir_optimal_token_baseline | the same (steps over generated tokens; tool outputs are not steps) | verl tir_optimal_token_baseline |
+| maxrl | (r_i - mean_g r) / mean_g r, 0 where mean_g r <= 0 | MaxRL, arXiv:2602.02710 (prime-rl, SkyRL) |
+| turn_rloo | turn k: G_k - mean of G_k over the group's other episodes that reached turn k | this project (docs/guides/agents.md) |
+| gigpo | turn k: episode-level group advantage + anchor-state group advantage of G_k | Feng et al., 2025, GiGPO, arXiv:2505.10978 (ROLL) |
 
 GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the
 loss, which is the trainer's business, not a reward penalty.
@@ -85,6 +91,15 @@ RECIPES: dict[str, dict[str, Any]] = {
                             "estimator": {"implementation": "reinforce"}}},
     "optimal_token_baseline": {**_CRITIC_FREE, "reward_clip": math.inf,
                                "advantage": {"estimator": {"implementation": "optimal_token_baseline"}}},
+    "tir_optimal_token_baseline": {**_CRITIC_FREE, "reward_clip": math.inf, "advantage": {
+        "estimator": {"implementation": "tir_optimal_token_baseline"}}},
+    "maxrl": {**_CRITIC_FREE, "reward_clip": math.inf,
+              "advantage": {"outcome_reward_shaping": {"implementation": "maxrl"},
+                            "estimator": {"implementation": "token_gae"}}},
+    "turn_rloo": {**_CRITIC_FREE, "reward_clip": math.inf,
+                  "advantage": {"estimator": {"implementation": "turn_rloo"}}},
+    "gigpo": {**_CRITIC_FREE, "reward_clip": math.inf,
+              "advantage": {"estimator": {"implementation": "gigpo"}}},
 }
 
 
@@ -116,4 +131,12 @@ SUMMARIES: dict[str, str] = {
         "ReMax: the reward of one greedy response per prompt as baseline of the return-to-go (Li et al., 2024, arXiv:2310.10505).",
     "optimal_token_baseline":
         "Optimal token baseline: per-step group baseline weighted by the cumulative path variance (verl's optimal_token_baseline).",
+    "tir_optimal_token_baseline":
+        "Tool-integrated optimal token baseline: the optimal token baseline with steps counted over generated tokens (verl's tir_optimal_token_baseline).",
+    "maxrl":
+        "MaxRL: group-mean baseline divided by the group mean, 0 for groups of mean <= 0 (arXiv:2602.02710; prime-rl's max_rl, SkyRL's maxrl).",
+    "turn_rloo":
+        "Per-turn rewards: each turn's discounted return minus the leave-one-out mean over the group's episodes that reached that turn; unbiased under variable turn counts.",
+    "gigpo":
+        "GiGPO: episode-level group advantage plus the step return normalized within anchor-state groups (Feng et al., 2025, arXiv:2505.10978; ROLL's adv_estimator gigpo).",
 }

@@ -37,6 +37,7 @@ class StageSpec:
 
     @property
     def is_builtin(self) -> bool:
+        """A built-in (or registered) name rather than a dotted import path."""
         return not is_dotted_path(self.implementation)
 
 

@@ -178,6 +178,8 @@ class AdvantageMetrics(Metric):
                 getattr(self, f"loss_{name}_tokens").add_(tokens)
 
     def compute(self) -> dict[str, Tensor]:
+        """The metrics of every update since the last ``reset()``, keyed ``<prefix><name>``,
+        global across ranks; a key appears only when some update contributed to it."""
         out: dict[str, Tensor] = {}
         p = self.prefix
         if self.tokens > 0:

@@ -269,3 +269,24 @@ def remax_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
                          f"[B]); the built-in trainer samples it with ppo.greedy_baseline: true")
     check_row_tensor(where, baselines, rewards)
     return OutcomeResult(rewards=(rewards.double() - baselines.double()).float())
+
+
+def maxrl(inputs: OutcomeRewardInputs, *, eps: float = 0.0) -> OutcomeResult:
+    """MaxRL: ``(r_i - mean_g r) / (mean_g r + eps)``, the group-mean baseline divided by
+    the group mean instead of the std; a group whose mean is <= 0 gets 0.
+
+    Normalizing by the mean makes the policy gradient that of a truncated maximum
+    likelihood objective: a prompt solved with probability p weighs about 1/p. Rewards are
+    meant to be non-negative (binary pass/fail, canonically); a group of all-zero rewards
+    carries no signal. Group means are over logical rollouts (a rollout split over
+    several rows counts once), so a group of one response gets 0. ``eps = 0`` is
+    prime-rl's ``max_rl``; ``eps = 1e-6`` is SkyRL's ``maxrl`` for groups of two or more
+    with a positive mean (SkyRL gives a lone response its raw reward). Source: arXiv
+    2602.02710 (MaxRL).
+    """
+    roll = _rollouts(inputs, "maxrl")
+    groups, n, ref = roll.group, roll.n_groups, roll.rewards
+    mean = (_group_sum(ref, groups, n) / _group_counts(groups, n, ref))[groups[roll.member]]
+    rewards = inputs.data["rewards"].double()
+    scaled = torch.where(mean > 0, (rewards - mean) / (mean + eps), 0.0)
+    return OutcomeResult(rewards=scaled.float())

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lightning_adv._checks import (
-    check_bool, fail, non_negative_number, positive_number)
+    check_bool, fail, non_negative_number, positive_number, unit_interval)
 from lightning_adv.dotted_path import check_signature, import_object, is_dotted_path
 
 #: The selector of each stage family (not a function: the module resolves it).
@@ -84,6 +84,9 @@ def _table(*stages: BuiltinStage) -> dict[str, dict[str, BuiltinStage]]:
 
 
 _EPS = {"eps": positive_number}
+_GIGPO = {"episode_weight": non_negative_number, "step_weight": non_negative_number,
+          "step_gamma": unit_interval, "std_normalize": check_bool, **_EPS}
+_OTB = {"handle_zero_tail": check_bool, **_EPS}
 _GVPO_VALUES = {name: non_negative_number for name in ("negative_scale", "zero_penalty", "zero_eps")}
 
 #: The built-in stages, family by family, in the order ``--help`` and errors list them.
@@ -100,11 +103,20 @@ BUILTIN_STAGES = _table(
              kwarg_checks={"beta": non_negative_number}),
     _builtin("outcome_reward_shaping", "outcome", "remax_baseline",
              requires=("reward_baselines",), replaces_critic=True),
+    _builtin("outcome_reward_shaping", "outcome", "maxrl", replaces_critic=True,
+             kwarg_checks={"eps": non_negative_number}),
     _builtin("estimator", "estimators", "token_gae"),
     _builtin("estimator", "estimators", "turn_gae"),
     _builtin("estimator", "estimators", "reinforce", replaces_critic=True),
     _builtin("estimator", "estimators", "optimal_token_baseline", requires=("sum_pi_squared",),
-             replaces_critic=True, kwarg_checks=_EPS),
+             replaces_critic=True, kwarg_checks=_OTB),
+    _builtin("estimator", "estimators", "tir_optimal_token_baseline",
+             requires=("sum_pi_squared",), replaces_critic=True, kwarg_checks=_OTB),
+    _builtin("estimator", "turn_estimators", "turn_rloo", replaces_critic=True),
+    _builtin("estimator", "turn_estimators", "turn_index_norm", replaces_critic=True,
+             kwarg_checks={"std_normalize": check_bool, **_EPS}),
+    _builtin("estimator", "turn_estimators", "gigpo", requires=("anchor_state_ids",),
+             replaces_critic=True, kwarg_checks=_GIGPO),
     _builtin("process_adv_shaping", "process", "additive"),
     _builtin("process_adv_shaping", "process", "gvpo", kwarg_checks=_GVPO_VALUES),
     _builtin("process_adv_shaping", "process", "process_weighted"),

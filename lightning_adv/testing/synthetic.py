@@ -71,6 +71,10 @@ def _prompt_rows(rows: int, width: int, gen: torch.Generator) -> dict[str, Tenso
         * attention,
         "values": torch.randn(rows, width, generator=gen) * attention,
         "turn_ids": turn_ids,
+        # GiGPO's anchor states: here the turn index (every episode of a prompt in the same
+        # state at the same turn), drawn from no generator so the other tensors stay as
+        # they were
+        "anchor_state_ids": turn_ids.clone(),
         "rewards": (torch.rand(rows, generator=gen) < 0.5).float(),
     }
 

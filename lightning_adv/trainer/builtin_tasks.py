@@ -5,6 +5,9 @@
 - ``addition``: ``a+b=`` -> the decimal sum; exact match (single turn).
 - ``guess``: find a hidden number in ``0..n-1``; after each guess the environment answers
   ``<`` (smaller), ``>`` (larger) or ``?`` (not a guess) (multi-turn).
+- ``calculator``: ``a*b`` -> the product, with a calculator tool: a turn starting with
+  ``=`` calls it and the environment replies with the result; a call has a per-turn
+  reward (multi-turn, tool use).
 
 Process scorers (``model.prm.scorers[*].path``) are plain functions
 ``fn(sample, **kwargs) -> list[float]`` returning one value per generated token, or one
@@ -19,7 +22,8 @@ import random
 from collections.abc import Sequence
 from typing import Optional
 
-from lightning_adv.trainer.task_base import EOS, Sample, Task, TaskError, Turn
+from lightning_adv.trainer.task_base import EOS, Sample, Task, Turn
+from lightning_adv.exceptions import TaskError
 from lightning_adv._checks import check_int, is_int
 
 
@@ -134,8 +138,76 @@ class GuessTask(Task):
         return 0.0
 
 
+class CalculatorTask(Task):
+    """``a*b`` (or ``a+b``) -> the result, with a calculator as the environment.
+
+    The prompt is the expression. A policy turn that starts with ``=`` calls the
+    calculator: the environment replies with the result's digits (loss mask 0, as any
+    tool output), and the episode goes on. Any other turn is the answer and ends the
+    episode; so is the last allowed turn (``max_turns``), whatever it starts with. Reward:
+    the answer's digits that match the result at their position, over the longer of the
+    two (1 for an exact answer; ``partial_credit=false``: 1 or 0); 0 without an answer.
+    Per-turn rewards (:meth:`Task.turn_rewards`): ``call_reward`` for each call (negative:
+    a tool's price; positive: a bonus that gets a small policy to try the tool), 0 for
+    the answer. The policy decides how many turns to take: answer at once (hard: the
+    operands go up to ``max_operand``), or call and copy the reply.
+    """
+
+    def __init__(self, max_operand: int = 99, op: str = "*", max_turns: int = 3,
+                 call_reward: float = -0.05, partial_credit: bool = True):
+        check_int("max_operand", max_operand)
+        check_int("max_turns", max_turns, minimum=2)
+        if op not in ("*", "+"):
+            raise ValueError(f"op: expected '*' or '+', got {op!r}")
+        if isinstance(call_reward, bool) or not isinstance(call_reward, (int, float)) \
+                or not -1 < call_reward < 1:
+            raise ValueError(f"call_reward: expected a number in (-1, 1), got {call_reward!r}")
+        self.max_operand, self.op, self.max_turns = max_operand, op, max_turns
+        self.call_reward, self.partial_credit = float(call_reward), bool(partial_credit)
+        self.symbols = "0123456789=" + op
+        digits = len(str(max_operand))
+        result = len(str(self.evaluate(max_operand, max_operand)))
+        self.max_prompt_len = 2 * digits + 1
+        self.max_new_tokens = result + 1
+        self.max_reply_len = result
+
+    def evaluate(self, a: int, b: int) -> int:
+        return a * b if self.op == "*" else a + b
+
+    def make_instance(self, rng: random.Random) -> tuple[int, int]:
+        return rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+
+    def prompt(self, instance: tuple[int, int]) -> str:
+        return f"{instance[0]}{self.op}{instance[1]}"
+
+    def target(self, instance: tuple[int, int]) -> str:
+        return str(self.evaluate(*instance))
+
+    def calls(self, turns: Sequence[Turn]) -> list[bool]:
+        """Which turns call the calculator: those starting with ``=``, but the last
+        allowed turn (it answers)."""
+        return [t.text.startswith("=") and k < self.max_turns - 1 for k, t in enumerate(turns)]
+
+    def reply(self, instance: tuple[int, int], turns: Sequence[Turn]) -> Optional[str]:
+        return self.target(instance) if self.calls(turns)[-1] else None
+
+    def reward(self, sample: Sample) -> float:
+        answers = [t.text for t, call in zip(sample.turns, self.calls(sample.turns)) if not call]
+        if not answers:
+            return 0.0
+        answer, target = answers[-1], sample.target
+        if not self.partial_credit:
+            return float(answer == target)
+        matches = sum(a == b for a, b in zip(answer, target))
+        return matches / max(len(target), len(answer))
+
+    def turn_rewards(self, sample: Sample) -> list[float]:
+        return [self.call_reward if call else 0.0 for call in self.calls(sample.turns)]
+
+
 BUILTIN_TASKS: dict[str, type[Task]] = {
-    "reverse": ReverseTask, "addition": AdditionTask, "guess": GuessTask}
+    "reverse": ReverseTask, "addition": AdditionTask, "guess": GuessTask,
+    "calculator": CalculatorTask}
 
 
 # ---------------------------------------------------------------------- process scorers

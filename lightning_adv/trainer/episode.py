@@ -36,6 +36,8 @@ class Episode:
     done: bool = False
     reward: float = 0.0
     token_rewards: Optional[list[float]] = None
+    turn_rewards: Optional[list[float]] = None
+    """the task's per-turn rewards (:meth:`Task.turn_rewards`), one per turn, or None"""
     sample: Optional[Sample] = None
     values: Optional[list[float]] = None
     """the critic's value after reading token i (next-token convention), when the sampler

@@ -36,7 +36,8 @@ from torch import Tensor
 
 from lightning_adv.trainer.episode import Episode, start_episodes
 from lightning_adv.trainer.sampling import finite_or_raise
-from lightning_adv.trainer.task_base import TaskError, Turn
+from lightning_adv.trainer.task_base import Turn
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.tasks import TaskRuntime
 
 

@@ -14,7 +14,9 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
    entropy bonus, optional KL term; ``ppo.loss_agg_mode`` aggregation), each over
    gradient-accumulating micro-batches of ``ppo.micro_batch_size`` rows when set;
 5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
-   histogram of advantages; the KL controller takes the step's KL.
+   histogram of advantages, every ``sample_log.every_n_steps`` steps a few responses as
+   text and as advantage heatmaps (:mod:`~lightning_adv.trainer.heatmap_log`); the KL
+   controller takes the step's KL.
 
 Every random draw of a step comes from generators seeded by (seed, step, rank) (the
 prompt order by (seed, epoch), the initial weights by the seed), so a
@@ -47,6 +49,7 @@ from lightning_adv.trainer.config import PPOConfig, PRMConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
 from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
+from lightning_adv.trainer.heatmap_log import HeatmapLog
 from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.resume import reconcile_checkpoint
@@ -74,7 +77,8 @@ class PPOModule(pl.LightningModule):
             ``fixed`` or ``adaptive`` (Ziegler et al. 2019, with ``target`` and ``horizon``).
         evaluation: held-out prompts of ``validate``, ``test``, ``predict`` and of validation
             during ``fit`` (greedy reward, pass@k).
-        sample_log: a few responses logged as text every N training steps.
+        sample_log: a few responses logged as text and as advantage heatmaps every N
+            training steps.
     """
 
     def __init__(self, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
@@ -95,6 +99,7 @@ class PPOModule(pl.LightningModule):
         self.task_config, self.prm_config = plan.task, plan.prm
         self.kl_controller_config = plan.kl_controller
         self.eval_config, self.sample_log_config = plan.evaluation, plan.sample_log
+        self.heatmap_log = HeatmapLog(plan.sample_log, plan.runtime.vocab)
         self.save_hyperparameters(plan.hparams)
         self._seed = seed
         self.runtime, self.max_new_tokens = plan.runtime, plan.max_new_tokens
@@ -250,6 +255,7 @@ class PPOModule(pl.LightningModule):
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
         if batch_idx == 0 and self.sample_log_config.every_n_steps:
             self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count))
+            self.heatmap_log.evaluation(self, stage, greedy, sampled)
 
     def _log_text(self, tag: str, text: str) -> None:
         experiment = getattr(self.logger, "experiment", None)
@@ -353,6 +359,7 @@ class PPOModule(pl.LightningModule):
         self._log_histogram("train/advantages", out["advantages"][m > 0])
         if self.sample_log_config.due(self.rollout_step):
             self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
+            self.heatmap_log.training(self, batch, out, groups)
 
     @torch.no_grad()
     def _update_kl_controller(self, out: dict[str, Any]) -> None:

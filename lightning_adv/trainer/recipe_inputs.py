@@ -7,7 +7,11 @@
 - ``reward_baselines`` (``remax_baseline``): the task reward of one greedy response per
   prompt (``ppo.greedy_baseline: true``); the greedy responses take no part in the
   update;
-- ``ref_logp`` (``sequence_kl``): the frozen reference policy is loaded for it.
+- ``ref_logp`` (``sequence_kl``): the frozen reference policy is loaded for it;
+- ``anchor_state_ids`` (``gigpo``): on the tokens of each policy turn, an id of the state
+  the turn was generated from: its whole context (the prompt, the earlier turns and the
+  environment's replies), so two turns share an anchor state when they were generated
+  from the same tokens (GiGPO's exact-match anchor states).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from torch import Tensor
 
 from lightning_adv.trainer.logprobs import SMALL_VOCAB
 from lightning_adv.trainer.sampling import generate, score
-from lightning_adv.trainer.tasks import TaskError, TaskRuntime
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.token_stats import sum_pi_squared_chunked
 
 
@@ -61,6 +66,24 @@ def baseline_rewards(groups: Sequence[Sequence[Any]]) -> list[float]:
                         f"NaN) the greedy response to prompts {bad[:10]}, and ReMax's baseline "
                         f"(reward_baselines) needs a reward for every prompt's greedy response")
     return rewards
+
+
+def anchor_state_ids(episodes: Sequence[Any], width: int) -> Tensor:
+    """``[B, width]`` long, token-aligned: on each generated token the id of its turn's
+    context (every token before the turn's first one), numbered in order of first
+    appearance in the batch; -1 elsewhere."""
+    ids: dict[tuple[int, ...], int] = {}
+    rows = []
+    for ep in episodes:
+        row = [-1] * width
+        first: dict[int, int] = {}
+        for i, (turn, generated) in enumerate(zip(ep.turn_ids, ep.generated)):
+            if generated:
+                first.setdefault(turn, i)
+                context = tuple(ep.tokens[:first[turn]])
+                row[i] = ids.setdefault(context, len(ids))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:

@@ -18,12 +18,10 @@ from typing import Any, Optional
 
 import torch
 
+from lightning_adv.exceptions import CheckpointMismatchError
+
 #: sections of the module's hyper-parameters that shape the network's weights
 SHAPE_SECTIONS = ("policy", "task")
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint's weights do not fit the network this config builds."""
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.config import PPOConfig
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingResult, sample_with_signal
 from lightning_adv.trainer.episode import Episode
-from lightning_adv.trainer.recipe_inputs import baseline_rewards, greedy_rewards
+from lightning_adv.trainer.recipe_inputs import anchor_state_ids, baseline_rewards, greedy_rewards
 from lightning_adv.trainer.sampling import Scorer, build_batch, finite_or_raise, generate, score
 from lightning_adv.trainer.scoring import scoring_passes
 from lightning_adv.trainer.tasks import TaskRuntime
@@ -137,6 +137,9 @@ def make_batch(groups: Groups, policy: torch.nn.Module, ref_policy: Optional[tor
     for key in ("prox_logp", "ref_logp", "sum_pi_squared"):
         if key in passes:
             batch[key] = passes[key] * next_real
+    if "anchor_state_ids" in recipe_inputs:
+        episodes = [ep for group in groups for ep in group]
+        batch["anchor_state_ids"] = anchor_state_ids(episodes, ids.shape[1]).to(device)
     if reward_baselines is not None:
         sizes = torch.tensor(meta.traj_group_sizes, device=device)
         batch["reward_baselines"] = torch.repeat_interleave(

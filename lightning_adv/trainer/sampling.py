@@ -19,7 +19,8 @@ from torch import Tensor
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.logprobs import scaled_log_softmax
 from lightning_adv.trainer.episode import Episode, start_episodes
-from lightning_adv.trainer.task_base import Sample, TaskError, Turn
+from lightning_adv.trainer.task_base import Sample, Turn
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.tasks import TaskRuntime, checked_user_number
 
 
@@ -198,6 +199,7 @@ def score(groups: list[list[Episode]], runtime: TaskRuntime,
             ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
                                turns=tuple(ep.turns), truncated=ep.truncated, target=target)
             ep.reward = runtime.reward(ep.sample, sample_no)
+            ep.turn_rewards = runtime.turn_rewards(ep.sample, sample_no)
             if scorers:
                 ep.token_rewards = _process_rewards(ep, sample_no, scorers)
 
@@ -262,12 +264,28 @@ def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
     if process_rewards:
         batch["token_rewards"] = pad([ep.token_rewards or [] for ep in episodes],
                                      torch.float32, 0.0)
+    if any(ep.turn_rewards is not None for ep in episodes):
+        batch["turn_rewards"] = pad([turn_end_rewards(ep) for ep in episodes], torch.float32, 0.0)
     if all(ep.values is not None for ep in episodes):
         batch["values"] = pad([ep.values for ep in episodes], torch.float32, 0.0)
     meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
                      traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
                      rollout_groups=[None] * len(groups))
     return batch, meta
+
+
+def turn_end_rewards(ep: Episode) -> list[float]:
+    """Token-aligned: each turn's reward at the turn's last generated token, 0 elsewhere."""
+    out = [0.0] * len(ep.tokens)
+    if ep.turn_rewards is None:
+        return out
+    last: dict[int, int] = {}
+    for i, (turn, generated) in enumerate(zip(ep.turn_ids, ep.generated)):
+        if generated:
+            last[turn] = i
+    for turn, position in last.items():
+        out[position] = ep.turn_rewards[turn]
+    return out
 
 
 def finite_or_raise(x: Tensor, what: str) -> Tensor:

@@ -21,13 +21,6 @@ from typing import Any, Optional
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
 
-class TaskError(ValueError):
-    """A task, reward or scorer function returned something the trainer cannot use.
-
-    The message names the config key and function, the prompt and the sample.
-    """
-
-
 class Vocab:
     """Character vocabulary: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then one id per symbol."""
 
@@ -121,6 +114,7 @@ class Sample:
 
     @property
     def num_tokens(self) -> int:
+        """Generated tokens over all turns, ``<eos>`` included."""
         return sum(len(t.tokens) for t in self.turns)
 
 
@@ -151,6 +145,7 @@ class Task:
 
     @property
     def vocab(self) -> Vocab:
+        """The character vocabulary of ``symbols`` (the built-in policy's tokens)."""
         if not hasattr(self, "_vocab"):
             self._vocab = Vocab(self.symbols)
         return self._vocab
@@ -176,6 +171,13 @@ class Task:
     def reward(self, sample: Sample) -> float:
         """The outcome reward of a finished episode (a finite float)."""
         raise NotImplementedError
+
+    def turn_rewards(self, sample: Sample) -> Optional[Sequence[float]]:
+        """Per-turn rewards of a finished episode, one finite float per policy turn (a tool
+        call's cost, a checked intermediate step), or None for none. They reach the
+        advantage module as the batch key ``turn_rewards``, each at its turn's last token;
+        the outcome reward stays :meth:`reward`'s."""
+        return None
 
     def max_episode_len(self, max_new_tokens: int) -> int:
         """Longest token sequence an episode can produce (``<bos>`` included)."""

@@ -26,9 +26,10 @@ from lightning_adv.config.actor import UNSCORABLE_ACTIONS
 from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
 from lightning_adv.trainer.builtin_tasks import (
-    BUILTIN_TASKS, AdditionTask, GuessTask, ReverseTask, guess_consistency, position_match)
-from lightning_adv.trainer.task_base import (
-    BOS, EOS, PAD, Sample, Task, TaskError, Turn, Vocab)
+    BUILTIN_TASKS, AdditionTask, CalculatorTask, GuessTask, ReverseTask, guess_consistency,
+    position_match)
+from lightning_adv.trainer.task_base import BOS, EOS, PAD, Sample, Task, Turn, Vocab
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.text_tasks import DatasetTask
 
 
@@ -40,7 +41,8 @@ class TaskConfig:
     """Which task to train on, its prompt pool and (optionally) a replacement reward."""
 
     name: str = "reverse"
-    """built-in task (reverse, addition, guess) or dotted path of a Task subclass or factory"""
+    """built-in task (reverse, addition, guess, calculator) or dotted path of a Task subclass
+    or factory"""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments of the task constructor"""
     reward: Optional[str] = None
@@ -239,6 +241,26 @@ class TaskRuntime:
         return checked_user_number(value, f"{self.reward_where}", what, "reward")
 
 
+    def turn_rewards(self, sample: Sample, sample_no: int) -> Optional[list[float]]:
+        """The task's checked per-turn rewards of ``sample`` (one finite float per turn),
+        or None when it gives none."""
+        values = self.task.turn_rewards(sample)
+        if values is None:
+            return None
+        where = f"{self.where} turn_rewards"
+        what = f"prompt {sample.index}, sample {sample_no} (response {sample.response!r})"
+        if isinstance(values, torch.Tensor):
+            values = values.flatten().tolist()
+        if not isinstance(values, Sequence) or isinstance(values, str) \
+                or len(values) != len(sample.turns):
+            got = len(values) if isinstance(values, Sequence) and not isinstance(values, str) \
+                else type(values).__name__
+            raise TaskError(f"{where}: expected one value per policy turn "
+                            f"({len(sample.turns)}) for {what}, got {got}")
+        return [checked_user_number(v, where, what, f"reward of turn {i}")
+                for i, v in enumerate(values)]
+
+
 def is_unscorable(value: Any) -> bool:
     """A reward function's "could not score": None, a float NaN or a one-element NaN tensor
     (infinities are not: they are a bug, refused by :func:`checked_user_number`)."""
@@ -303,7 +325,7 @@ def build_task(config: TaskConfig) -> Task:
 
 
 __all__ = [
-    "Vocab", "Turn", "Sample", "Task", "ReverseTask", "AdditionTask", "GuessTask",
+    "Vocab", "Turn", "Sample", "Task", "ReverseTask", "AdditionTask", "GuessTask", "CalculatorTask",
     "BUILTIN_TASKS", "position_match", "guess_consistency", "TaskConfig", "TaskRuntime",
     "build_task", "checked_user_number", "is_unscorable", "PAD", "BOS", "EOS",
 ]

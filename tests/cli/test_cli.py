@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_adv.cli import as_step_count, main
 from tests.support.cli_runs import CONFIGS, REPO, SHIPPED, SMALL, failed_fit, fit, scalars
+from tests.support.scripts import load_script
 from lightning_adv.trainer import PPOModule
 
 @pytest.mark.parametrize("config", SHIPPED)
@@ -133,12 +134,12 @@ def test_bad_command_line_is_a_short_usage_error_naming_the_key(bad, capsys, tmp
     assert lines[0].startswith("error: ") and bad.key in err, err
     assert len(lines) <= 10 and "--help" in lines[-1], "the error, not the whole usage"
     assert not (tmp_path / bad.config).exists(), "nothing may be built before validation"
-
-
-def test_readme_troubleshooting_table_lists_every_command_line_error():
-    readme = (REPO / "README.md").read_text()
-    missing = [b.id for b in CLI_ERRORS if f"`{b.id}`" not in readme]
-    assert not missing, f"README troubleshooting table lacks {missing}"
+    # docs/reference/errors.md shows this message (scripts/generate_reference.py writes it).
+    pages = load_script("generate_reference")
+    row = pages.cli_error_line(pages.cli_error_row(bad, err))
+    assert row in (REPO / "docs" / "reference" / "errors.md").read_text(), (
+        f"docs/reference/errors.md lacks or differs from {row!r}: run "
+        f"python scripts/generate_reference.py")
 
 
 def test_help_shows_each_fields_description(capsys):
@@ -332,9 +333,9 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
     assert sorted(scalars(ckpt.parent.parent)["train/task_reward"]) == list(range(step + 1))
 
 
-def readme_command(fragment: str) -> list[str]:
-    """The README's ``python -m lightning_adv ...`` command whose lines contain ``fragment``."""
-    lines = (REPO / "README.md").read_text().splitlines()
+def documented_command(page: str, fragment: str) -> list[str]:
+    """The ``python -m lightning_adv ...`` command of a docs page whose lines contain ``fragment``."""
+    lines = (REPO / "docs" / page).read_text().splitlines()
     end = next(i for i, line in enumerate(lines) if fragment in line)
     start = max(i for i in range(end + 1) if lines[i].lstrip().startswith("python -m lightning_adv"))
     while lines[end].rstrip().split("#")[0].rstrip().endswith("\\"):
@@ -343,10 +344,11 @@ def readme_command(fragment: str) -> list[str]:
     return shlex.split(text)[3:]
 
 
-def test_readme_stage_override_example_works(tmp_path):
+def test_documented_stage_override_example_works(tmp_path):
     from lightning_adv.cli import LightningAdvCLI, TRAINER_DEFAULTS
 
-    args = readme_command("process_adv_shaping.kwargs.negative_scale=0.5")
+    args = documented_command("guides/writing-a-stage.md",
+                              "process_adv_shaping.kwargs.negative_scale=0.5")
     assert args[0] == "fit"
     cli = LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
                           args=args[1:] + [f"--trainer.default_root_dir={tmp_path}"], run=False)

@@ -221,8 +221,10 @@ def test_one_registry_names_every_builtin():
     expected = {
         "compute": {"default"},
         "outcome_reward_shaping": {"auto", "identity", "opo_baseline", "gpg", "passk_baseline",
-                                   "group_mean_batch_std", "sequence_kl", "remax_baseline"},
-        "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline"},
+                                   "group_mean_batch_std", "sequence_kl", "remax_baseline",
+                                   "maxrl"},
+        "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline",
+                      "tir_optimal_token_baseline", "turn_rloo", "turn_index_norm", "gigpo"},
         "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
     }
     for family, names in expected.items():

@@ -256,12 +256,20 @@ def test_optimal_token_baseline_by_hand():
     # One group: row 0 generates 2 tokens (reward 1), row 1 one token (reward 0); every
     # sampled token has probability .5, so w_t = 1 - 1 + sum_pi_squared_t = s_t.
     # s = [.5, .25] (row 0), [.5] (row 1): W = [.5, .75], [.5].
-    # Step 0: B = (1 * .5 + 0 * .5) / 1 = .5 -> A = .5, -.5. Step 1: only row 0 -> A = 0.
+    # Step 0: B = (1 * .5 + 0 * .5) / 1 = .5 -> A = .5, -.5. Step 1: only row 0, the
+    # unique longest: its own return would be the baseline (A = 0); verl's default
+    # handle_zero_tail makes it 0 (A = G = 1).
     half = math.log(0.5)
     batch = rows_batch(["pgg.", "pg.."], [1.0, 0.0],
                        logprobs=[[0, half, half, 0], [0, half, 0, 0]],
                        sum_pi_squared=[[0.5, 0.25, 0, 0], [0.5, 0, 0, 0]])
     out = run(recipe("optimal_token_baseline"), *concat_batch([batch]))
+    close(out["advantages"][0, :2].tolist(), [0.5, 1.0], tol=1e-6)
+    close(out["advantages"][1, :1].tolist(), [-0.5], tol=1e-6)
+    close(out["returns"][0, :2].tolist(), [1.0, 1.0])
+    spec = {"implementation": "optimal_token_baseline", "kwargs": {"handle_zero_tail": False}}
+    out = run(recipe("optimal_token_baseline", advantage={"estimator": spec}),
+              *concat_batch([batch]))
     close(out["advantages"][0, :2].tolist(), [0.5, 0.0], tol=1e-6)
     close(out["advantages"][1, :1].tolist(), [-0.5], tol=1e-6)
     close(out["returns"][0, :2].tolist(), [1.0, 1.0])
@@ -274,7 +282,7 @@ def test_optimal_token_baseline_aligns_steps_from_the_first_generated_token():
                        logprobs=[[0, half, half, 0, 0], [0, 0, half, 0, 0]],
                        sum_pi_squared=[[0.5, 0.25, 0, 0, 0], [0, 0.5, 0, 0, 0]])
     out = run(recipe("optimal_token_baseline"), *concat_batch([batch]))
-    close(out["advantages"][0, :2].tolist(), [0.5, 0.0], tol=1e-6)
+    close(out["advantages"][0, :2].tolist(), [0.5, 1.0], tol=1e-6)
     close(out["advantages"][1, 1:2].tolist(), [-0.5], tol=1e-6)
 
 

@@ -23,7 +23,7 @@ LAYERS = {
     "lightning_adv.stages": 3, "lightning_adv.batch": 3,
     "lightning_adv.advantage": 4,
     "lightning_adv.losses": 5, "lightning_adv.metrics": 5,
-    "lightning_adv.recipes": 6, "lightning_adv.testing": 6,
+    "lightning_adv.recipes": 6, "lightning_adv.testing": 6, "lightning_adv.visualize": 6,
     "lightning_adv.trainer": 7,
     "lightning_adv.cli": 8, "lightning_adv.__main__": 8, "lightning_adv": 8,
 }

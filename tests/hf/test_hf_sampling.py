@@ -12,7 +12,8 @@ from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
 from lightning_adv.trainer.logprobs import next_token_logprobs
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.sampling import build_batch, score
-from lightning_adv.trainer.tasks import TaskConfig, TaskError, TaskRuntime
+from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.text_tasks import write_text_dataset
 
 PLAIN = SamplingParams()

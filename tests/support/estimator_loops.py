@@ -54,10 +54,12 @@ def gdpo(groups: list[list[list[float]]], weights: list[float], eps: float = 1e-
     return [(x - mean) / scale for x in summed]
 
 
-def optimal_token_baseline(groups: list[list[dict]], eps: float = 1e-8) -> list[list[float]]:
+def optimal_token_baseline(groups: list[list[dict]], eps: float = 1e-8,
+                           handle_zero_tail: bool = True) -> list[list[float]]:
     """Each response: {"rewards": per-step rewards, "pi": per-step sampled-token
     probability, "sum_pi_squared": per-step sum of squared probabilities} over its
-    generated steps (undiscounted)."""
+    generated steps (undiscounted). With ``handle_zero_tail``, a group's unique longest
+    response has baseline 0 from the second longest length on."""
     out = []
     for g in groups:
         returns, weights = [], []
@@ -69,10 +71,17 @@ def optimal_token_baseline(groups: list[list[dict]], eps: float = 1e-8) -> list[
                 total += 1 - 2 * resp["pi"][t] + resp["sum_pi_squared"][t]
                 w.append(total)
             weights.append(w)
+        lengths = [len(resp["rewards"]) for resp in g]
+        longest = max(lengths)
+        second = max([n for n in lengths if n != longest] + [0]) if lengths.count(longest) == 1 \
+            else longest
         for i, resp in enumerate(g):
             row = []
             for t in range(len(resp["rewards"])):
                 if len(g) == 1:
+                    row.append(returns[i][t])
+                    continue
+                if handle_zero_tail and lengths[i] == longest and t >= second:
                     row.append(returns[i][t])
                     continue
                 num = sum(returns[j][t] * weights[j][t] for j in range(len(g)) if t < len(returns[j]))

@@ -463,11 +463,18 @@ def spec_pipeline_advantages(batch: dict, meta: Optional[BatchMeta] = None,
         else:
             raw_turns = as_lists(batch["turn_ids"]) if present(batch, "turn_ids") else None
             for b in range(B):
+                if raw_turns is not None:
+                    # one turn = every generated token with its id, masked tokens between
+                    # them included: one reward for all of them
+                    seen = {}
+                    for t in range(T):
+                        if raw_mask[b][t]:
+                            if seen.setdefault(raw_turns[b][t], tr[b][t]) != tr[b][t]:
+                                raise SpecError("token_rewards_as_adv=False requires uniform "
+                                                "token rewards within each turn")
+                    continue
                 for t in range(T - 1):
-                    same_turn = raw_mask[b][t] and raw_mask[b][t + 1]
-                    if same_turn and raw_turns is not None:
-                        same_turn = raw_turns[b][t] == raw_turns[b][t + 1]
-                    if same_turn and tr[b][t] != tr[b][t + 1]:
+                    if raw_mask[b][t] and raw_mask[b][t + 1] and tr[b][t] != tr[b][t + 1]:
                         raise SpecError("token_rewards_as_adv=False requires uniform token "
                                         "rewards within each turn")
             folded = [[0.0] * T for _ in range(B)]
@@ -475,9 +482,11 @@ def spec_pipeline_advantages(batch: dict, meta: Optional[BatchMeta] = None,
                 for t in range(T):
                     if m[b][t] != 1:
                         continue
-                    last_of_turn = t + 1 >= T or m[b][t + 1] == 0
-                    if not last_of_turn and turn_ids is not None:
-                        last_of_turn = turn_ids[b][t + 1] != turn_ids[b][t]
+                    if turn_ids is None:   # a turn is a run of generated tokens
+                        last_of_turn = t + 1 >= T or m[b][t + 1] == 0
+                    else:   # the next generated position belongs to another turn (or none)
+                        later = [u for u in range(t + 1, T) if m[b][u] == 1]
+                        last_of_turn = not later or turn_ids[b][later[0]] != turn_ids[b][t]
                     if last_of_turn:
                         folded[b][t] = shifted[b][t]
 

@@ -340,10 +340,13 @@ def token_reward_row(draw, features: Features, gen: list[int], ids: list[int],
     choices = UNIT_GRID if kind == "unit" else TOKEN_REWARD_GRID
     row = pick(draw, choices, width)
     if kind == "folded":
-        # uniform within each turn: adjacent generated tokens of one turn share the reward
-        for t in range(1, width):
-            same_turn = gen[t] and gen[t - 1] and (not features.turn_ids or ids[t] == ids[t - 1])
-            if same_turn:
+        # uniform within each turn: with turn ids every generated token of one id (masked
+        # tokens between them do not end a turn), without them each run of generated tokens
+        first: dict[int, float] = {}
+        for t in range(width):
+            if features.turn_ids and gen[t]:
+                row[t] = first.setdefault(ids[t], row[t])
+            elif t and gen[t] and gen[t - 1]:
                 row[t] = row[t - 1]
     junk_row = off if features.junk else [0.0] * width
     return [row[t] if gen[t] else junk_row[t] for t in range(width)]

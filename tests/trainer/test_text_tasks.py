@@ -11,7 +11,8 @@ import torch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.sampling import build_batch, generate, score
-from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn
+from lightning_adv.trainer.tasks import Sample, TaskRuntime, Turn
+from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.text_tasks import (
     DatasetTask, char_match, exact_match, load_prompt_records, write_text_dataset)
 

@@ -11,7 +11,7 @@ from lightning_adv.trainer import PPOModule
 from lightning_adv.trainer import setup as trainer_setup
 from lightning_adv.trainer.builtin_tasks import ReverseTask
 from lightning_adv.trainer.setup import TrainerPlan, validate_model_config
-from lightning_adv.trainer.tasks import TaskError
+from lightning_adv.exceptions import TaskError
 
 SMALL = {"ppo": {"prompts_per_step": 4, "n_samples": 4, "minibatches": 2, "epochs": 1},
          "policy": {"d_model": 16, "n_layers": 1, "n_heads": 2}, "seed": 0}

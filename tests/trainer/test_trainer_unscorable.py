@@ -22,7 +22,8 @@ from lightning_adv.trainer.metrics import StepMetrics
 from lightning_adv.trainer.recipe_inputs import baseline_rewards
 from lightning_adv.trainer.sample_log import samples_markdown
 from lightning_adv.trainer.episode import Episode
-from lightning_adv.trainer.tasks import Sample, TaskError, TaskRuntime, Turn
+from lightning_adv.trainer.tasks import Sample, TaskRuntime, Turn
+from lightning_adv.exceptions import TaskError
 
 HELPER = "tests.support.trainer_helpers.sometimes_unscorable"
 

@@ -1,0 +1,171 @@
+"""Per-token advantage heatmaps: where the credit of a batch of responses goes.
+
+:func:`advantage_heatmap` draws a few responses token by token: every generated token is
+a cell holding its text, coloured by its advantage on a diverging colour map centred at 0
+(blue above, red below, white at 0; one symmetric scale for the whole image, shown by a
+colour bar). Tokens the policy did not generate (a multi-turn environment's replies) are
+grey, and a black bar marks the start of each later policy turn. With ``process_rewards``
+a strip under each line shows them, with ``values`` another shows the critic's values,
+each on its own centred scale and colour bar. Long responses wrap.
+
+It returns a :class:`Heatmap`: the matplotlib figure, the rendered RGB image (for
+``SummaryWriter.add_image`` or a ``log_image``-style logger) and where each token's cell
+is in that image. Drawing needs matplotlib (``pip install 'lightning_adv[plot]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+from torch import Tensor
+
+from lightning_adv._checks import check_int, check_number, fail
+from lightning_adv.visualize.heatmap_data import Heatmap, Response
+
+PLOT_EXTRA = "pip install 'lightning_adv[plot]'"
+
+
+def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mask: Any, *,
+                      labels: Optional[Sequence[str]] = None, process_rewards: Any = None,
+                      values: Any = None, turn_ids: Any = None, title: Optional[str] = None,
+                      limit: Optional[float] = None, width: int = 64, max_tokens: int = 256,
+                      dpi: int = 100) -> Heatmap:
+    """Draw responses token by token, coloured by advantage.
+
+    Every per-token argument is **token-aligned** (entry ``i`` of a row is about token
+    ``i``), a ``[B, T]`` tensor or array or one sequence per row, each row at least as long
+    as its ``tokens`` (the ``AdvantageModule``'s outputs are next-token aligned:
+    :func:`~lightning_adv.visualize.heatmap_inputs` converts a batch and its output).
+
+    Args:
+        tokens: per row, the text of each token (prompt included; a row ends at its last token).
+        advantages: per row, the advantage of each token (read at generated tokens only).
+        loss_mask: per row, 1 where the policy generated the token. A row is shown from its
+            first generated token; other tokens after it are the environment's (grey).
+        labels: per row, the line written above it (default ``row <b>``).
+        process_rewards: per row, each token's process reward: a strip under the tokens.
+        values: per row, the critic's value of the state each token was chosen in: a strip.
+        turn_ids: per row, the policy turn of each generated token (-1 elsewhere): a bar
+            marks each turn's start (without it, each generated run after a non-generated one).
+        title: the line above the image.
+        limit: the advantage colour scale, ``[-limit, limit]`` (default: the largest
+            absolute advantage shown; beyond it colours saturate).
+        width: characters per line before a response wraps.
+        max_tokens: tokens shown per response (the rest are counted in a note).
+        dpi: pixels per inch of :attr:`Heatmap.image`.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'lightning_adv[plot]'``).
+        ValueError: an argument of the wrong shape or length, or a non-finite number at a
+            generated token, named in the message.
+    """
+    check_int("advantage_heatmap width", width, minimum=8)
+    check_int("advantage_heatmap max_tokens", max_tokens)
+    check_int("advantage_heatmap dpi", dpi, minimum=10)
+    if limit is not None:
+        check_number("advantage_heatmap limit", limit, positive=True)
+    responses = read_responses(tokens, advantages, loss_mask, labels, process_rewards,
+                               values, turn_ids, max_tokens)
+    try:
+        from lightning_adv.visualize.heatmap_drawing import draw
+    except ImportError as exc:
+        raise ImportError(f"advantage_heatmap needs matplotlib ({PLOT_EXTRA}): {exc}") from exc
+    scales = {"advantage": limit if limit is not None else _largest(responses, None)}
+    for name in ("process reward", "value"):
+        if any(name in r.strips for r in responses):
+            scales[name] = _largest(responses, name)
+    return draw(responses, scales, title, width, dpi)
+
+
+def read_responses(tokens: Any, advantages: Any, loss_mask: Any, labels: Any,
+                   process_rewards: Any, values: Any, turn_ids: Any,
+                   max_tokens: int) -> list[Response]:
+    """The checked rows, token-aligned and cut to what is shown."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or not tokens:
+        fail("advantage_heatmap tokens", "a non-empty list with one list of token texts per row",
+             type(tokens).__name__)
+    rows = [list(row) for row in tokens]
+    for b, row in enumerate(rows):
+        if any(not isinstance(t, str) for t in row):
+            fail(f"advantage_heatmap tokens[{b}]", "token texts (str)",
+                 sorted({type(t).__name__ for t in row}))
+    lengths = [len(row) for row in rows]
+    if labels is None:
+        labels = [f"row {b}" for b in range(len(rows))]
+    elif isinstance(labels, str) or len(labels) != len(rows):
+        fail("advantage_heatmap labels", f"one string per row ({len(rows)})", labels)
+    advs = per_row("advantages", advantages, lengths)
+    mask = [[v != 0 for v in row] for row in per_row("loss_mask", loss_mask, lengths)]
+    strips = {name: per_row(name.replace(" ", "_") + "s", x, lengths)
+              for name, x in (("process reward", process_rewards), ("value", values))
+              if x is not None}
+    turns = per_row("turn_ids", turn_ids, lengths) if turn_ids is not None else None
+    out = []
+    for b, row in enumerate(rows):
+        _check_finite(b, mask[b], {"advantages": advs[b], **{k + "s": v[b] for k, v in strips.items()}})
+        first = mask[b].index(True) if True in mask[b] else len(row)
+        shown = list(range(first, min(len(row), first + max_tokens)))
+        out.append(Response(str(labels[b]), row, advs[b], mask[b], shown,
+                            len(row) - first - len(shown), {k: v[b] for k, v in strips.items()},
+                            _turn_starts(mask[b], turns[b] if turns else None, shown)))
+    return out
+
+
+def per_row(name: str, x: Any, lengths: list[int]) -> list[list[float]]:
+    """``x`` (a ``[B, T]`` tensor or array, or one sequence per row) as one list of floats
+    per row, each cut to its row's token count."""
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().double().numpy()
+    if isinstance(x, np.ndarray):
+        if x.ndim != 2:
+            fail(f"advantage_heatmap {name}", f"a [B, T] array of {len(lengths)} rows",
+                 f"shape {x.shape}")
+        x = x.tolist()
+    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or len(x) != len(lengths):
+        fail(f"advantage_heatmap {name}", f"one row per row of tokens ({len(lengths)})",
+             f"{len(x)} rows" if isinstance(x, Sequence) else type(x).__name__)
+    rows = []
+    for b, (row, n) in enumerate(zip(x, lengths)):
+        row = list(row)
+        if len(row) < n:
+            fail(f"advantage_heatmap {name}[{b}]", f"at least one entry per token ({n})",
+                 f"{len(row)} entries")
+        rows.append([float(v) for v in row[:n]])
+    return rows
+
+
+def _check_finite(b: int, generated: list[bool], rows: dict[str, list[float]]) -> None:
+    for name, row in rows.items():
+        bad = [i for i, (g, v) in enumerate(zip(generated, row)) if g and not math.isfinite(v)]
+        if bad:
+            fail(f"advantage_heatmap {name}[{b}]", "finite numbers at generated tokens",
+                 f"{row[bad[0]]} at position {bad[0]}")
+
+
+def _turn_starts(generated: list[bool], turns: Optional[list[float]],
+                 shown: list[int]) -> set[int]:
+    """Shown positions (after the first) where a later policy turn starts: a generated token
+    after a non-generated one, or whose turn id differs from the previous generated token's."""
+    starts, previous = set(), None
+    for i in shown:
+        if not generated[i]:
+            continue
+        turn = turns[i] if turns is not None else None
+        if previous is not None and (not generated[i - 1] or turn != previous[1]):
+            starts.add(i)
+        previous = (i, turn)
+    return starts
+
+
+def _largest(responses: list[Response], strip: Optional[str]) -> float:
+    """The largest absolute number shown (advantages, or a strip's), 1 when all are 0."""
+    largest = 0.0
+    for r in responses:
+        row = r.advantages if strip is None else r.strips.get(strip, [])
+        for i in r.positions:
+            if r.generated[i] and i < len(row):
+                largest = max(largest, abs(row[i]))
+    return largest if largest > 0 else 1.0

@@ -1,0 +1,55 @@
+"""The data of a heatmap: the checked responses the drawing reads, and what it returns
+(shared by :mod:`~lightning_adv.visualize.heatmap` and the drawing, which imports
+matplotlib)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: the colour map of each quantity (matplotlib names); each is centred at 0
+COLOR_MAPS = {"advantage": "RdBu", "process reward": "PiYG", "value": "BrBG"}
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    """Where token ``position`` of input row ``row`` is drawn in :attr:`Heatmap.image`."""
+
+    row: int
+    position: int
+    box: tuple[int, int, int, int]
+    """pixel box ``(x0, y0, x1, y1)`` of the token's coloured cell, ``image[y0:y1, x0:x1]``
+    (y down, as in the image array; strips not included)"""
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """A drawn heatmap."""
+
+    figure: Any
+    """the ``matplotlib.figure.Figure`` (``figure.savefig("heatmap.svg")``)"""
+    image: np.ndarray
+    """the figure rendered as an ``[H, W, 3]`` ``uint8`` RGB array"""
+    limit: float
+    """the advantage colour scale: ``-limit`` is the darkest red, ``+limit`` the darkest blue"""
+    cells: tuple[TokenCell, ...]
+    """the drawn token cells (generated and environment tokens), in input order"""
+
+
+@dataclass(frozen=True)
+class Response:
+    """One checked input row, token-aligned, cut to its shown positions."""
+
+    label: str
+    tokens: list[str]
+    advantages: list[float]
+    generated: list[bool]
+    positions: list[int]
+    """the shown positions: from the first generated token to the last token"""
+    hidden: int
+    """tokens after the shown ones (``max_tokens``)"""
+    strips: dict[str, list[float]]
+    turn_starts: set[int]
+    """positions where a later policy turn starts"""

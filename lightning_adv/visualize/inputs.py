@@ -1,0 +1,74 @@
+"""What a heatmap shows, taken from a rollout batch and the ``AdvantageModule``'s output.
+
+:func:`~lightning_adv.visualize.advantage_heatmap` reads per-token numbers **token by
+token**: entry ``i`` of a row is about token ``i`` (the advantage of the action that
+produced it). The module's outputs follow the next-token convention (SPEC §1: position
+``t`` scores token ``t + 1``); :func:`token_aligned` moves them back, and
+:func:`heatmap_inputs` gathers everything for a few rows of a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from lightning_adv._checks import fail
+
+
+def token_aligned(x: Tensor) -> Tensor:
+    """A next-token-aligned ``[B, T]`` tensor (position ``t`` about token ``t + 1``) as a new
+    token-aligned one (position ``i`` about token ``i``): shifted one step right, column 0
+    (no action produced the first token) 0. The inverse of the module's alignment on
+    every column but the last, which only padding or a prompt's first token reach."""
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        fail("token_aligned x", "a [B, T] tensor", getattr(x, "shape", type(x).__name__))
+    out = torch.zeros_like(x)
+    out[:, 1:] = x[:, :-1]
+    return out
+
+
+def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
+                   token_text: Callable[[int], str], rows: Optional[Sequence[int]] = None, *,
+                   advantages_key: str = "advantages") -> dict[str, Any]:
+    """The keyword arguments of :func:`~lightning_adv.visualize.advantage_heatmap` for the
+    ``rows`` (default: all) of a SPEC §1 rollout ``batch`` and the ``AdvantageModule``
+    output ``out``: each row's token texts (``token_text(id)``, up to its last real token),
+    the advantages ``out[advantages_key]`` (``"unnormalized_advantages"`` for the
+    estimator's before normalization) and the critic's ``values`` moved to the token
+    convention, the generated-token mask, and the batch's ``token_rewards`` (process
+    rewards) and ``turn_ids`` when it has them."""
+    for key in ("input_ids", "attention_mask", "loss_mask"):
+        if not isinstance(batch.get(key), Tensor):
+            fail(f"heatmap_inputs batch[{key!r}]", "a [B, T] tensor (the rollout batch)",
+                 type(batch.get(key)).__name__ if key in batch else "missing key")
+    if not isinstance(out.get(advantages_key), Tensor):
+        fail(f"heatmap_inputs out[{advantages_key!r}]", "a [B, T] tensor (the AdvantageModule "
+             "output)", type(out.get(advantages_key)).__name__ if advantages_key in out
+             else "missing key")
+    count = batch["input_ids"].shape[0]
+    chosen = list(range(count)) if rows is None else [int(r) for r in rows]
+    bad = [r for r in chosen if not 0 <= r < count]
+    if bad:
+        fail("heatmap_inputs rows", f"row indices in [0, {count})", bad)
+    index = torch.tensor(chosen, dtype=torch.long, device=batch["input_ids"].device)
+
+    def pick(x: Tensor) -> Tensor:
+        return x.index_select(0, index.to(x.device)).detach().cpu()
+
+    lengths = pick(batch["attention_mask"]).long().sum(1).tolist()
+    ids = pick(batch["input_ids"]).tolist()
+    inputs: dict[str, Any] = {
+        "tokens": [[token_text(t) for t in row[:n]] for row, n in zip(ids, lengths)],
+        "advantages": token_aligned(pick(out[advantages_key]).float()),
+        "loss_mask": pick(batch["loss_mask"]).float(),
+    }
+    if isinstance(batch.get("token_rewards"), Tensor):
+        inputs["process_rewards"] = pick(batch["token_rewards"]).float()
+    if isinstance(batch.get("values"), Tensor):
+        inputs["values"] = token_aligned(pick(batch["values"]).float())
+    if isinstance(batch.get("turn_ids"), Tensor):
+        inputs["turn_ids"] = pick(batch["turn_ids"]).long()
+    return inputs

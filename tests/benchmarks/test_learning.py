@@ -1,0 +1,38 @@
+"""benchmarks/learning.py trains shipped configs as the README's first command does and
+writes the learning page (two short runs here; the page's numbers are never asserted)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--trainer.limit_train_batches=3", "--trainer.max_epochs=1",
+         "--model.ppo.prompts_per_step=4", "--model.ppo.n_samples=2", "--model.ppo.minibatches=2"]
+
+
+def test_learning_page_has_the_table_the_machine_and_the_command(tmp_path):
+    page, plot = tmp_path / "learning.md", tmp_path / "curves.png"
+    args = ["--configs", "ppo", "hf_grpo", "--window", "2", "--plot", str(plot),
+            *[f"--override={a}" for a in SMALL]]
+    run = subprocess.run([sys.executable, "benchmarks/learning.py", *args, "--page", str(page)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = page.read_text()
+    for field in ("# Learning", "- Date: ", " UTC\n", "- Machine: ", " cores, ", "- Versions: ",
+                  "- Command: ", "- Commit: ", "The rewards are deterministic on one machine",
+                  "Nothing in these timings is deterministic"):
+        assert field in text, field
+    assert f"benchmarks/learning.py {' '.join(args)}" in text  # the command line, verbatim
+    for name in ("ppo", "hf_grpo"):  # hf_grpo trains the tiny model the script makes first
+        row = re.search(rf"^\| {name}\.yaml \| ([\d.]+) \| .* \| (\d+) \| \d+m \d\ds \|$", text,
+                        re.M)
+        assert row and int(row.group(2)) > 0, name
+    assert "`fit --config configs/ppo.yaml`: " in text
+    assert "![reward curves](curves.png)" in text and plot.stat().st_size > 0
+
+
+def test_learning_names_a_missing_config():
+    run = subprocess.run([sys.executable, "benchmarks/learning.py", "--configs", "nope"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--configs: no configs/<name>.yaml for nope" in run.stderr
