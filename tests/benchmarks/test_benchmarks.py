@@ -155,3 +155,17 @@ def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
     assert re.search(r"^\| 0 \| \d+ \| \d+ \| [\d.]+× \| [\d.]+× \| [\d.]+ / [\d.]+ \|$", text, re.M)
     assert "TRL 1.16.0 (GRPOTrainer)" in text
     assert not (REPO / "hf_model").exists()
+
+
+def test_prompt_sharing_refuses_a_config_without_a_pretrained_policy():
+    run = run_script("prompt_sharing", "--config", "configs/ppo.yaml")
+    assert run.returncode == 2 and "no model.policy.pretrained" in run.stderr
+
+
+@pytest.mark.slow
+def test_prompt_sharing_times_both_sides_in_one_process(tmp_path):
+    text = page_of("prompt_sharing", tmp_path / "ps.md", "--steps", "1", "--warmup", "0",
+                   "--repeats", "1")
+    for phase in ("sampling", "scoring", "update", "total"):
+        assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+× \|$", text, re.M), phase
+    assert not (REPO / "hf_model").exists()
