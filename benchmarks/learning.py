@@ -15,6 +15,14 @@ first and last ``--window`` steps, the steps and the training wall time::
         --page docs/benchmarks/learning-hf.md --plot docs/images/hf_reward_curves.png
     python benchmarks/learning.py --configs ppo --install --page docs/benchmarks/first-command.md
 
+``--seeds 1 2 3`` runs each config once per seed (``--seed_everything=S``) and gives each
+reward as the median and the min-max over the seeds (and the last ``val/reward_greedy``
+likewise), with the median reward curve per config: a result another machine can compare
+with, which one run's last digits are not (see the note on determinism)::
+
+    python benchmarks/learning.py --configs ppo turn_gae grpo dr_grpo gvpo_prm grpo_dynamic \\
+        --seeds 1 2 3 --page docs/benchmarks/learning-seeds.md --plot docs/images/seed_curves.png
+
 ``--install`` first times the README's install step alone (a fresh virtual environment
 and ``pip install -c constraints.txt -e .``), once with pip's cache warm and once with
 ``--no-cache-dir``, as on a new user's machine. The runs use the CLI's own thread
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,10 +84,13 @@ def time_install(workdir: Path, use_cache: bool) -> float:
 
 
 def run_config(name: str, save_dir: Path, overrides: Sequence[str],
-               model: Optional[Path]) -> tuple[float, Path]:
-    """Train ``configs/<name>.yaml``; the whole command's seconds and the run's log dir."""
+               model: Optional[Path], seed: Optional[int] = None) -> tuple[float, Path]:
+    """Train ``configs/<name>.yaml`` (at ``seed``: ``--seed_everything``); the whole
+    command's seconds and the run's log dir."""
     if model is not None:
         overrides = [f"--model.policy.pretrained={model}", *overrides]
+    if seed is not None:
+        overrides = [f"--seed_everything={seed}", *overrides]
     seconds = timed([sys.executable, "-m", "lightning_adv", "fit", "--config",
                      f"configs/{name}.yaml", f"--trainer.logger.init_args.save_dir={save_dir}",
                      "--trainer.enable_progress_bar=false", *overrides],
@@ -86,8 +98,65 @@ def run_config(name: str, save_dir: Path, overrides: Sequence[str],
     return seconds, save_dir / name / "version_0"
 
 
+def last_scalar(log_dir: Path, tag: str) -> Optional[float]:
+    """The value of ``tag`` at its last step in the run's TensorBoard events (None if absent)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    if tag not in events.Tags()["scalars"]:
+        return None
+    return max(events.Scalars(tag), key=lambda e: (e.step, e.wall_time)).value
+
+
+def spread(values: Sequence[float]) -> str:
+    """``median [min-max]`` of ``values``."""
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def seed_table(results: dict[str, list[tuple[Any, Optional[float]]]], window: int) -> str:
+    """One row per config: start, end and final greedy validation over its seeds' runs
+    (``(curve, last val/reward_greedy)`` each)."""
+    rows = []
+    for name, runs in results.items():
+        val = [v for _, v in runs if v is not None]
+        rows.append([f"{name}.yaml", spread([r.start(window) for r, _ in runs]),
+                     spread([r.end(window) for r, _ in runs]), spread(val) if val else "-",
+                     str(len(runs[0][0].steps))])
+    return harness.table(["config", f"start (mean of first {window})",
+                          f"end (mean of last {window})", "final val/reward_greedy", "steps"],
+                         rows)
+
+
+def median_curve(curves: Any, name: str, runs: Sequence[Any]) -> Any:
+    """The per-step median reward over the seeds' curves (the steps every run logged)."""
+    steps = sorted(set.intersection(*(set(r.steps) for r in runs)))
+    by_step = [dict(zip(r.steps, r.rewards)) for r in runs]
+    rewards = [statistics.median(values[s] for values in by_step) for s in steps]
+    return curves.Run(f"{name}.yaml (median of {len(runs)} seeds)", steps, rewards,
+                      [0.0] * len(steps))
+
+
 def load_average() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def train_configs(args: argparse.Namespace, runs_dir: Path, model: Optional[Path], curves: Any
+                  ) -> tuple[list[Any], list[str], dict[str, list[tuple[Any, Optional[float]]]]]:
+    """Each config once (or once per ``--seeds`` seed), one at a time: the reward curves, the
+    commands' times, and per config its ``(curve, last val/reward_greedy)`` per seed."""
+    runs, commands = [], []
+    by_seed: dict[str, list[tuple[Any, Optional[float]]]] = {}
+    for name in args.configs:
+        for seed in args.seeds or [None]:
+            where = runs_dir / ("config_seed" if seed is None else f"seed{seed}")
+            seconds, log_dir = run_config(name, where, args.override,
+                                          model if name.startswith("hf_") else None, seed)
+            at = "" if seed is None else f" --seed_everything={seed}"
+            commands.append(f"`fit --config configs/{name}.yaml{at}`: {seconds:.0f} s")
+            runs.append(curves.load(log_dir, f"{name}.yaml"))
+            by_seed.setdefault(name, []).append((runs[-1], last_scalar(log_dir, "val/reward_greedy")))
+    return runs, commands, by_seed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps averaged for the start and end rewards")
     parser.add_argument("--override", action="append", default=[],
                         help="extra CLI argument for every run (--override=--model.ppo.lr=0.001)")
+    parser.add_argument("--seeds", nargs="+", type=int,
+                        help="run each config at each of these seeds; rewards as median "
+                             "[min-max] over them (default: once, at the config's seed)")
     parser.add_argument("--plot", type=Path, help="PNG of the reward curves")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     return parser
@@ -130,12 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         model = None
         if any(n.startswith("hf_") for n in args.configs):
             model = harness.make_tiny_model(ROOT, tmp_path / "tiny_lm")
-        runs, commands = [], []
-        for name in args.configs:
-            seconds, log_dir = run_config(name, tmp_path / "runs", args.override,
-                                          model if name.startswith("hf_") else None)
-            commands.append(f"`fit --config configs/{name}.yaml`: {seconds:.0f} s")
-            runs.append(curves.load(log_dir, f"{name}.yaml"))
+        runs, commands, by_seed = train_configs(args, tmp_path / "runs", model, curves)
+        if args.seeds:
+            runs = [median_curve(curves, name, [r for r, _ in done]) for name, done in by_seed.items()]
         if args.plot:
             curves.draw(runs, args.plot, args.window)
     if model is not None:
@@ -148,7 +217,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     about = (f"Start: the untrained policy (step 0) and the mean of the first {args.window} "
              f"steps; end: the mean of the last {args.window} steps; wall time: first to "
              f"last training step, from the event timestamps.")
-    sections = [about + "\n", curves.table(runs, args.window), "\n".join(notes) + "\n"]
+    if args.seeds:
+        about = (f"Each config at the seeds {', '.join(map(str, args.seeds))} (one run at a "
+                 f"time). Each cell is the median over the seeds and, in brackets, the lowest "
+                 f"and the highest: start and end are the mean `train/task_reward` of the first "
+                 f"and last {args.window} steps; the validation is the run's last "
+                 f"`val/reward_greedy`. The picture shows the median curve of each config.")
+        table = seed_table(by_seed, args.window)
+    else:
+        table = curves.table(runs, args.window)
+    sections = [about + "\n", table, "\n".join(notes) + "\n"]
     if args.plot and args.page:
         picture = os.path.relpath(args.plot, args.page.parent)
         sections.append(f"![reward curves]({picture})\n")

@@ -122,8 +122,9 @@ def measure(config_path: Path, steps: int, warmup: int, threads: int,
     with tempfile.TemporaryDirectory(prefix="trainer_step_run_") as run_dir, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
+        # (no validation: a dataset config holds out prompts, and they are not timed)
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, limit_val_batches=0,
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, accelerator="cpu", devices=1,
                              callbacks=[timer], default_root_dir=run_dir)
         trainer.fit(module)

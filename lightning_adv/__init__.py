@@ -11,8 +11,10 @@ What users build on (each defined in the subpackage of its layer):
   :func:`register_stage` for named stages of your own;
 - the kernels: :func:`compute_token_gae`, :func:`compute_turn_gae`, the per-row GAE λ
   functions;
-- the loss side: :class:`PPOLoss`, :class:`AdvantageMetrics` and the KL controllers
-  (:class:`KLController` to write your own);
+- the loss side: :class:`PPOLoss` (verl's policy losses, :func:`register_policy_loss` for
+  your own), :func:`rollout_correction` (importance weights and rejection for off-policy
+  tokens), :class:`AdvantageMetrics` and the KL controllers (:class:`KLController` to
+  write your own);
 - pictures: :func:`advantage_heatmap` (per-token advantages of a few responses; needs
   matplotlib, the ``plot`` extra) and :func:`heatmap_inputs` (its inputs from a batch and
   the module's output).
@@ -42,7 +44,12 @@ _EXPORTS = {
     **dict.fromkeys(("AdaptiveKLController", "FixedKLController", "KLController",
                      "KLControllerConfig"), "lightning_adv.losses.kl_controllers"),
     "PPOLoss": "lightning_adv.losses.ppo_loss",
+    **dict.fromkeys(("rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection"),
+                    "lightning_adv.losses.rollout_correction"),
+    **dict.fromkeys(("register_policy_loss", "PolicyLossInputs"),
+                    "lightning_adv.losses.policy_loss_registry"),
     "AdvantageMetrics": "lightning_adv.metrics.advantage_metrics",
+    "OffPolicyMetrics": "lightning_adv.metrics.off_policy_metrics",
     **dict.fromkeys(("compute_token_gae", "compute_turn_gae"), "lightning_adv.ops.gae"),
     "recipe": "lightning_adv.recipes",
     **dict.fromkeys(("GAELambdaContext", "compute_gae_lambda", "constant_gae_lambda",
@@ -66,7 +73,9 @@ __all__ = [
     "compute_token_gae", "compute_turn_gae", "GAELambdaContext", "compute_gae_lambda",
     "constant_gae_lambda", "vapo_length_adaptive_gae", "relative_position_gae_lambda",
     "PPOLoss", "AdvantageMetrics", "KLController", "FixedKLController", "AdaptiveKLController",
-    "KLControllerConfig", "advantage_heatmap", "heatmap_inputs",
+    "KLControllerConfig", "rollout_correction", "RolloutCorrectionConfig", "RolloutCorrection",
+    "register_policy_loss", "PolicyLossInputs", "OffPolicyMetrics", "advantage_heatmap",
+    "heatmap_inputs",
 ]
 
 #: Old names, still importable with a DeprecationWarning naming the new one.
@@ -109,7 +118,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from lightning_adv.losses.kl_controllers import (
         AdaptiveKLController, FixedKLController, KLController, KLControllerConfig)
     from lightning_adv.losses.ppo_loss import PPOLoss
+    from lightning_adv.losses.policy_loss_registry import PolicyLossInputs, register_policy_loss
+    from lightning_adv.losses.rollout_correction import (
+        RolloutCorrection, RolloutCorrectionConfig, rollout_correction)
     from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
+    from lightning_adv.metrics.off_policy_metrics import OffPolicyMetrics
     from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae
     from lightning_adv.recipes import recipe
     from lightning_adv.stages.gae_lambda import (

@@ -13,17 +13,18 @@ error prints ``error: <what>`` first, then one line pointing at ``--help`` (whic
 every field's description), not the whole usage.
 
 Run hygiene (README "Training"): a resumed run is configured by its command line, never
-by the checkpoint's stored settings (:mod:`lightning_adv.trainer.resume`), and continues
-in the checkpoint's run directory; the resolved config is saved there without
-overwriting anything; Ctrl-C saves a checkpoint and prints the resume command; ``fit``
-ends with a short summary.
+by the checkpoint's stored settings (:mod:`lightning_adv.trainer.resume`); it continues
+in the checkpoint's run directory only when that replaces nothing there, else in a new
+``version_N`` (:mod:`lightning_adv.trainer.run_dirs`); evaluations write under the
+run's ``eval/``; the resolved config is saved without overwriting anything; Ctrl-C saves
+a checkpoint and prints the resume command; ``fit`` ends with a short summary. Failures
+are one ``error:`` line: exit 2 for a usage error, 1 for a failure during training.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -31,16 +32,26 @@ from typing import Any, NoReturn, Optional
 
 import jsonargparse
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
+from lightning_adv.exceptions import (
+    AdvantageContractError, CheckpointMismatchError, PeerRankFailed, TaskError)
 from lightning_adv.trainer.callbacks import (
-    InterruptCheckpoint, RunReport, SaveRunConfig, fit_summary, next_version_dir, resume_command)
+    InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
+    next_version_dir, resume_command)
 from lightning_adv.trainer.evaluation import PredictionWriter
+from lightning_adv.trainer.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.trainer.setup import validate_model_config
-from lightning_adv.trainer.resume import config_differences, describe, load_checkpoint_info, run_dir_of
-from lightning_adv.exceptions import CheckpointMismatchError
-from lightning_adv.exceptions import TaskError
+from lightning_adv.trainer.resume import (
+    ResumeTarget, changed_settings, describe, load_checkpoint_info, nothing_left_to_train,
+    resume_target)
+from lightning_adv.trainer.run_dirs import (
+    EVALUATION_COMMANDS, continue_in, logger_dir, new_version, parent_lines, place_evaluation)
+from lightning_adv.trainer.setup import TrainerPlan, world_size_of
+from lightning_adv.trainer.cli_args import (
+    STEP_COUNT_KEYS, as_step_count, empty_config_file, stage_shorthands, steps_per_epoch,
+    trainer_errors, use_training_step_checkpoints)
 
 #: training steps per epoch of a run on a drawn task that sets no length (the shipped
 #: configs' length); an epoch of the default prompt pool would be 3125 steps
@@ -55,10 +66,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "max_epochs": 1,
     "num_sanity_val_steps": 0,
 }
-
-#: trainer keys that count batches (training steps) when integral, fractions of an epoch below 1
-STEP_COUNT_KEYS = ("limit_train_batches", "limit_val_batches", "limit_test_batches",
-                   "limit_predict_batches", "val_check_interval")
 
 #: where a run without a logger keeps its config and checkpoints (a fresh version each run)
 UNLOGGED_RUNS = Path("runs") / "no_logger"
@@ -76,9 +83,6 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
                "write one self-contained HTML page of a run directory: config, curves, "
                "evaluation, advantage heatmaps"),
 }
-
-STAGE_FLAG = re.compile(r"--model\.actor\.advantage\.(compute|outcome_reward_shaping|estimator|"
-                        r"process_adv_shaping)")
 
 # --help shows each config field's docstring (the string literal under it).
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -106,42 +110,12 @@ class ConciseParser(LightningArgumentParser):
         self.exit(2)
 
 
-def stage_shorthands(args: list[str]) -> list[str]:
-    """``--model.actor.advantage.<stage>=<name or path>`` means ``{implementation: <name>,
-    kwargs: {}}``, so later flags on the same line (``...<stage>.kwargs.x=1``) refine it."""
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        match = STAGE_FLAG.fullmatch(arg.split("=", 1)[0])
-        if match and "=" in arg:
-            flag, value = arg.split("=", 1)
-        elif match and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            flag, value = arg, args[i + 1]
-            i += 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        bare = (value and value[0] not in "{[" and value.lower() not in ("null", "none")
-                and not Path(value).is_file())
-        out.append(f"{flag}={{implementation: {value}, kwargs: {{}}}}" if bare else f"{flag}={value}")
-        i += 1
-    return out
-
-
-def as_step_count(value: Any) -> Any:
-    """An integral number of steps as an ``int``: ``1`` must stay one step, whichever way
-    jsonargparse resolved ``int | float`` (``1.0`` would be Lightning's "100%")."""
-    if isinstance(value, float) and value >= 1 and value.is_integer():
-        return int(value)
-    return value
-
-
 class LightningAdvCLI(LightningCLI):
     """LightningCLI for :class:`~lightning_adv.trainer.PPOModule` with parse-time validation."""
 
     checkpoint_info: Optional[dict[str, Any]] = None
-    resumed_in: Optional[Path] = None
+    resume: Optional[ResumeTarget] = None
+    parent_lines: list[str] = []
 
     def _usage_error(self, message: str) -> NoReturn:
         self._parser(self.config.get("subcommand")).error(message)
@@ -152,13 +126,23 @@ class LightningAdvCLI(LightningCLI):
             help="CPU threads torch may use (null: torch's default). The tiny default policy "
                  "runs fastest on one; more threads mostly wait on each other, badly so on a "
                  "busy machine.")
+        parser.add_argument(
+            "--overwrite_run", type=bool, default=False,
+            help="fit with --ckpt_path: continue in the checkpoint's run directory even when "
+                 "that replaces its later checkpoints and TensorBoard steps, or the run's "
+                 "settings changed (default false: such a resume starts the next version_N "
+                 "and leaves the run it resumes as it was)")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         if isinstance(args, dict):
             self.config = parser.parse_object(args)
         else:
-            self.config = parser.parse_args(
-                stage_shorthands(list(sys.argv[1:] if args is None else args)))
+            argv = list(sys.argv[1:] if args is None else args)
+            empty = empty_config_file(argv)
+            if empty is not None:
+                parser.error(f"--config: {empty!r} is empty (it holds no settings); give a "
+                             f"YAML file such as configs/ppo.yaml")
+            self.config = parser.parse_args(stage_shorthands(argv))
         self.check_config()
 
     def _parse_ckpt_path(self) -> None:
@@ -178,52 +162,62 @@ class LightningAdvCLI(LightningCLI):
         trainer = config.trainer
         for key in STEP_COUNT_KEYS:  # as saved in the run's config (the trainer gets them below)
             trainer[key] = as_step_count(trainer.get(key))
-        if trainer.get("enable_checkpointing") is False and trainer.get("callbacks"):
-            # The shipped configs list a ModelCheckpoint; Lightning refuses one when
-            # checkpointing is off, so the flag removes it.
-            trainer.callbacks = [c for c in trainer.callbacks
-                                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+        error = trainer_errors(trainer, subcommand)
+        if error:
+            self._usage_error(error)
+        use_training_step_checkpoints(trainer)
         if config.get("ckpt_path") is not None:
-            self._read_checkpoint(config.ckpt_path)
-        model = config.get("model")
+            self._read_checkpoint(config)
+        plan = self._check_model(config.get("model"), trainer)
+        if (trainer.get("limit_train_batches") is None and trainer.get("max_steps", -1) == -1
+                and trainer.get("max_time") is None and plan.task.dataset is None):
+            # A drawn task's epoch is as long as its pool (3125 steps by default): a run that
+            # sets no length runs the shipped configs' 300 steps (a dataset: one pass per epoch).
+            trainer.limit_train_batches = DEFAULT_TRAINING_STEPS
+        steps = steps_per_epoch(trainer, plan.runtime.num_prompts, plan.ppo.prompts_per_step)
+        if subcommand == "fit" and steps == 0:
+            self._usage_error(f"trainer.limit_train_batches: {trainer.limit_train_batches} of an "
+                              f"epoch of {plan.runtime.num_prompts // plan.ppo.prompts_per_step} "
+                              f"steps is 0 steps, so fit would train nothing")
+        self._check_validation_schedule(plan, trainer, steps)
+        if self.checkpoint_info is not None:
+            changed = changed_settings(self.checkpoint_info, plan.hparams,
+                                       config.get("seed_everything"))
+            if subcommand == "fit":
+                self._plan_resume(config, changed, steps)
+            elif changed:
+                print(f"note: the checkpoint was trained with other settings; this {subcommand} "
+                      f"uses the command line's: {describe(changed)}", file=sys.stderr)
+
+    def _check_model(self, model: Any, trainer: Any) -> TrainerPlan:
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                hparams = validate_model_config(values, trainer.as_dict())
+                plan = TrainerPlan.build(values, world_size_of(trainer.as_dict()))
             except TaskError:
                 raise  # what a task function returned (a prompt built early): exit 1, as in training
             except (ValueError, TypeError) as exc:
                 self._usage_error(f"model.{exc}")
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-        if (trainer.get("limit_train_batches") is None and trainer.get("max_steps", -1) == -1
-                and trainer.get("max_time") is None and hparams["task"].get("dataset") is None):
-            # A drawn task's epoch is as long as its pool (3125 steps by default): a run that
-            # sets no length runs the shipped configs' 300 steps (a dataset: one pass per epoch).
-            trainer.limit_train_batches = DEFAULT_TRAINING_STEPS
-        self._check_validation_schedule(hparams, trainer)
-        if self.checkpoint_info is not None:
-            self._compare_with_checkpoint(hparams)
+        return plan
 
-    def _check_validation_schedule(self, hparams: dict[str, Any], trainer: Any) -> None:
+    def _check_validation_schedule(self, plan: TrainerPlan, trainer: Any, steps: int) -> None:
         interval = trainer.get("val_check_interval")
         if interval is None:
             return
-        if not hparams["evaluation"]["num_prompts"] or trainer.get("limit_val_batches") == 0:
+        if not plan.evaluation.num_prompts or trainer.get("limit_val_batches") == 0:
             warnings.warn("trainer.val_check_interval: validation is off (model.evaluation."
                           "num_prompts or trainer.limit_val_batches is 0), so it is ignored",
                           stacklevel=2)
             return
-        steps = hparams["task"]["num_prompts"] // hparams["ppo"]["prompts_per_step"]
-        limit = trainer.get("limit_train_batches")
-        if isinstance(limit, int):
-            steps = min(steps, limit)
         if isinstance(interval, int) and interval > steps:
             self._usage_error(f"trainer.val_check_interval: validation runs every this many "
                               f"training steps within an epoch of {steps} steps, got {interval}")
 
-    def _read_checkpoint(self, path: str) -> None:
+    def _read_checkpoint(self, config: Any) -> None:
+        path = config.ckpt_path
         if path in SPECIAL_CKPT_PATHS:
             return
         if not Path(path).exists():  # (a sharded checkpoint is a directory)
@@ -234,60 +228,67 @@ class LightningAdvCLI(LightningCLI):
             reason = str(exc).split("\n")[0][:120]
             self._usage_error(f"ckpt_path: {path!r} is not a Lightning checkpoint (torch.load "
                               f"could not read it: {type(exc).__name__}: {reason})")
+        # The saved config resumes from any working directory.
+        config.ckpt_path = str(Path(path).resolve())
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("torch_num_threads") is not None:
             torch.set_num_threads(config.torch_num_threads)
 
-    def _compare_with_checkpoint(self, hparams: dict[str, Any]) -> None:
-        saved = dict(self.checkpoint_info["hparams"])
-        current = dict(hparams)
-        # The seed is compared (and warned about) when the checkpoint is loaded.
-        saved.pop("seed", None)
-        current.pop("seed", None)
-        changed = config_differences(saved, current)
+    def _plan_resume(self, config: Any, changed: list[tuple[str, Any, Any]], steps: int) -> None:
+        """Refuse a resume with nothing left to train; choose where the resumed run writes."""
+        trainer, info = config.trainer, self.checkpoint_info
+        finished = nothing_left_to_train(info, trainer.get("max_epochs"),
+                                         trainer.get("max_steps", -1), steps)
+        if finished:
+            self._usage_error(f"ckpt_path: {finished}")
         if changed:
             print(f"note: resuming with settings that differ from the checkpoint's; this run "
                   f"uses the command line's: {describe(changed)}", file=sys.stderr)
+        self.resume = resume_target(config.ckpt_path, info["step"], changed, logger_dir(trainer),
+                                    bool(config.get("overwrite_run")))
+        self.parent_lines = parent_lines(self.resume, config.ckpt_path, info, changed)
+        parent = self.resume.parent
+        if self.resume.in_place and self.resume.replaced:
+            print(f"note: --overwrite_run: continuing in {parent}, replacing "
+                  f"{'; '.join(self.resume.replaced)}", file=sys.stderr)
+        elif self.resume.reasons:
+            print(f"note: {parent} is left as it is ({'; '.join(self.resume.reasons)}); this "
+                  f"run writes to a new run directory whose config.yaml names its parent "
+                  f"(--overwrite_run=true would continue in {parent.name}, replacing those)",
+                  file=sys.stderr)
 
     def instantiate_classes(self) -> None:
         # The saved config is what the user gave; where the outputs go is decided here,
         # on a copy: a fresh run directory without a logger, the checkpoint's run
-        # directory when resuming.
+        # directory or a new version_N when resuming, eval/ for an evaluation.
         saved = self.config
         self.config = copy.deepcopy(saved)
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if not config.trainer.get("logger") and config.trainer.get("default_root_dir") is None:
-            config.trainer.default_root_dir = str(next_version_dir(UNLOGGED_RUNS))
-        elif self.subcommand == "fit" and self.checkpoint_info is not None:
-            self._continue_in_run_dir(config)
+        trainer = config.trainer
+        if self.subcommand in EVALUATION_COMMANDS:
+            place_evaluation(config, self.subcommand, UNLOGGED_RUNS)
+            # An evaluation restores weights only: the training callbacks' state is moot.
+            warnings.filterwarnings("ignore", ".*callbacks used to create the checkpoint need to be")
+        elif not trainer.get("logger") and trainer.get("default_root_dir") is None:
+            trainer.default_root_dir = str(next_version_dir(UNLOGGED_RUNS))
+        elif self.resume is not None and self.resume.in_place:
+            continue_in(trainer, self.resume.parent, self.checkpoint_info["step"])
+            warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
+        elif self.resume is not None:
+            new_version(trainer)  # (Lightning's "dirpath has changed" note: output_filters)
         try:
             super().instantiate_classes()
+        except ValueError as exc:
+            # A config the pre-flight check cannot see without the weights (a LoRA
+            # target that matches no module): its message names the key.
+            self._usage_error(f"model.{exc}")
         finally:
             self.config = saved
-
-    def _continue_in_run_dir(self, config: Any) -> None:
-        logger = config.trainer.get("logger")
-        run_dir = run_dir_of(config.ckpt_path)
-        if run_dir is None or not isinstance(logger, jsonargparse.Namespace) or not str(
-                logger.get("class_path", "")).endswith("TensorBoardLogger"):
-            return
-        init = logger.init_args
-        if (Path(init.save_dir) / (init.name or "")).resolve() != run_dir.parent:
-            return
-        init.version = run_dir.name
-        # TensorBoard drops the events this run will write again (steps after the
-        # checkpoint): one curve, not two overlapping ones.
-        logger.dict_kwargs = {**(logger.get("dict_kwargs") or {}),
-                              "purge_step": self.checkpoint_info["step"]}
-        for callback in config.trainer.get("callbacks") or []:
-            if str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
-                # Checkpoints after the resumed step belong to the abandoned continuation
-                # of this same run: replace them (last.ckpt stays last.ckpt), as TensorBoard does.
-                callback.init_args.enable_version_counter = False
-        self.resumed_in = run_dir
-        warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
+        saver = next((c for c in self.trainer.callbacks if isinstance(c, SaveRunConfig)), None)
+        if saver is not None:
+            saver.header = list(self.parent_lines)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # Here, after jsonargparse's last pass over the values (instantiation adapts
@@ -296,7 +297,13 @@ class LightningAdvCLI(LightningCLI):
             if key in config:
                 config[key] = as_step_count(config[key])
         if self.subcommand == "fit":
-            callbacks = [*callbacks, InterruptCheckpoint(), RunReport()]
+            extra = [InterruptCheckpoint(), RunReport()]
+            configured = config.get("callbacks") or []
+            configured = [*(configured if isinstance(configured, list) else [configured]), *callbacks]
+            if config.get("enable_checkpointing") is not False and not any(
+                    isinstance(c, ModelCheckpoint) for c in configured):
+                extra.append(TrainingStepCheckpoint())  # Lightning's default counts optimizer steps
+            callbacks = [*callbacks, *extra]
         elif self.subcommand == "predict":
             callbacks = [*callbacks, PredictionWriter()]
         return super()._instantiate_trainer(config, callbacks)
@@ -307,8 +314,11 @@ class LightningAdvCLI(LightningCLI):
         if not trainer.is_global_zero:
             return
         lines = fit_summary(trainer, self.model, log_dir)
-        if self.resumed_in is not None:
-            lines.insert(1, f"  resumed in {self.resumed_in}")
+        if self.resume is not None and self.resume.in_place:
+            lines.insert(1, f"  resumed in {self.resume.parent}")
+        elif self.resume is not None and self.resume.parent is not None:
+            lines.insert(1, f"  resumed at step {self.checkpoint_info['step']} of "
+                            f"{self.resume.parent} (left as it was) in a new run directory")
         interrupt = next((c for c in trainer.callbacks if isinstance(c, InterruptCheckpoint)), None)
         saver = next((c for c in trainer.callbacks if isinstance(c, SaveRunConfig)), None)
         config = saver.saved_path if saver is not None else None
@@ -345,12 +355,7 @@ def main(args: ArgsType = None) -> None:
     if isinstance(argv, (list, tuple)) and argv and argv[0] in EXTRA_COMMANDS:
         run_extra_command(argv[0], list(argv[1:]))
         return
-    # Batches are prompt indices: loader workers would not help.
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    # The post-update state is what a checkpoint of a finished PPO step should hold.
-    warnings.filterwarnings("ignore", ".*Using ModelCheckpoint with manual optimization.*")
-    # A Hugging Face policy's frozen reference stays in eval mode on purpose.
-    warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
+    quiet_dependency_noise()
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_callback=SaveRunConfig,
@@ -360,6 +365,11 @@ def main(args: ArgsType = None) -> None:
     except TaskError as exc:
         # A task, reward or scorer function returned something unusable: the message names
         # the key, the function, the prompt and the sample; a traceback would add nothing.
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except (AdvantageContractError, PeerRankFailed) as exc:
+        # A user stage broke its contract during training (or another rank failed): the
+        # message names the stage, what was expected and what it returned.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except CheckpointMismatchError as exc:

@@ -12,6 +12,11 @@ class AdvantageContractError(ValueError):
     """A stage function returned something that breaks its contract, or changed its inputs."""
 
 
+class PolicyLossContractError(ValueError):
+    """A policy loss of the user's returned something that breaks its contract (shape,
+    finiteness, a gradient, scalar diagnostics) or changed its inputs in place."""
+
+
 class PeerRankFailed(RuntimeError):
     """Another data-parallel rank failed while computing advantages (its error says why)."""
 

@@ -102,11 +102,15 @@ def api_sections() -> dict[str, tuple[str, str, list[tuple[str, list[str]]]]]:
         ("GAE and per-row λ", take("lightning_adv.ops", "lightning_adv.stages.gae_lambda")),
     ]
     loss = [("The loss", take("lightning_adv.losses.ppo_loss")),
+            ("Policy losses", take("lightning_adv.losses.policy_loss_registry")),
+            ("Rollout correction", take("lightning_adv.losses.rollout_correction")),
             ("KL controllers", take("lightning_adv.losses.kl_controllers")),
             ("Metrics", take("lightning_adv.metrics")),
             ("Pictures of a batch", take("lightning_adv.visualize"))]
     # The modules whose own docstrings say what their classes compute (shown first).
     module_docs = {"The loss": "lightning_adv.losses.ppo_loss",
+                   "Policy losses": "lightning_adv.losses.policy_losses",
+                   "Rollout correction": "lightning_adv.losses.rollout_correction",
                    "KL controllers": "lightning_adv.losses.kl_controllers",
                    "Metrics": "lightning_adv.metrics.advantage_metrics",
                    "GAE and per-row λ": "lightning_adv.ops.gae",

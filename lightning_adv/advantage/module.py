@@ -95,6 +95,21 @@ class AdvantageModule(nn.Module):
                 keys.update(builtin_stage(stage.family, stage.implementation).requires)
         return frozenset(keys)
 
+    @property
+    def optional_batch_keys(self) -> frozenset[str]:
+        """Optional batch keys the configured stages read when the batch has them (their
+        ``register_stage(reads=...)``), e.g. ``rollout_is_weights``: a trainer passes them
+        when it has them."""
+        keys: set[str] = set()
+        for name in ("outcome", "estimator", "process"):
+            stage = getattr(self, name, None)
+            if isinstance(stage, Stage) and stage.fn is not None:
+                try:  # built-in or registered by name (a dotted path declares nothing)
+                    keys.update(builtin_stage(stage.family, stage.implementation).reads)
+                except KeyError:
+                    pass
+        return frozenset(keys)
+
     # ------------------------------------------------------------------ entry point
 
     @torch.no_grad()

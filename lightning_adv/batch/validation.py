@@ -44,7 +44,9 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               "mopd_behavior_logprobs", "unnormalized_advantages",
                               # read by some stages (register_stage(requires=...)), or written
                               "reward_baselines", "sum_pi_squared", "rollout_is_weights",
-                              "anchor_state_ids", "turn_rewards", "unscorable")
+                              "anchor_state_ids", "turn_rewards", "unscorable",
+                              # off-policy: the sampler's log-probs, the version that sampled
+                              "rollout_logprobs", "policy_version")
 #: How alike a key must be to a known key to count as a misspelling of it
 #: (``difflib.SequenceMatcher.ratio``: ``ref_logprobs`` ~ ``ref_logp`` is 0.8).
 NEAR_MISS_CUTOFF = 0.75

@@ -16,8 +16,9 @@ results), it reports:
   tokens (``input_token_loss_mask``), when present;
 - ``unscorable_fraction``: the fraction of rows whose reward was NaN and that were left
   out (``actor.unscorable_rewards: exclude``, the module's ``unscorable`` output);
-- the ``PPOLoss`` diagnostics (``policy_loss``, ``approx_kl``, ``clipfrac``, ...), each
-  weighted by the minibatch's ``num_tokens``.
+- the ``PPOLoss`` diagnostics (``policy_loss``, ``approx_kl``, ``clipfrac`` and its
+  ``clipfrac_high``/``clipfrac_low`` split, ``rollout_kl``, ``rollout_rejected_frac``, ...),
+  each weighted by the minibatch's ``num_tokens``.
 
 Every mean is a global token mean: the states are sums (of ``x * mask`` and of the mask)
 reduced with ``sum`` across ranks, minima and maxima with ``min``/``max``, so under DDP
@@ -42,7 +43,8 @@ from lightning_adv.batch.grouping import BatchMeta
 TOKEN_MEANS = {"total_rewards": "tot_rewards", "kl_rewards": "kl_rewards"}
 MOMENTS = ("advantages", "returns", "unnormalized_advantages")
 LOSS_DIAGNOSTICS = ("policy_loss", "value_loss", "kl_loss", "entropy", "approx_kl", "clipfrac",
-                    "dual_clipfrac")
+                    "clipfrac_high", "clipfrac_low", "dual_clipfrac", "rollout_kl",
+                    "rollout_rejected_frac")
 
 
 class AdvantageMetrics(Metric):

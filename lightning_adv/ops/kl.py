@@ -10,6 +10,18 @@ policy), the estimators of KL(policy || reference) are:
 - ``k2``: ``d² / 2``;
 - ``k3`` (alias ``low_var_kl``, verl's name): ``exp(-d) - 1 + d``.
 
+For the loss term only (:data:`LOSS_KL_ESTIMATORS`), verl's straight-through variants:
+
+- ``k1+`` and ``k3+`` (``low_var_kl+``): the value of ``k1`` / ``k3`` with the gradient of
+  ``k2`` (``d``, the gradient of KL itself in expectation; the gradients of k1 and k3 are
+  biased), ``k2 - sg(k2) + sg(estimate)``, verl's ``kl_penalty(..., "k3+")``; the ``k2``
+  of the gradient is not clamped (as verl), the value is.
+
+``log_importance_ratio`` multiplies the estimate by ``exp`` of it (clamped to
+±:data:`LOG_RATIO_BOUND`), with its gradient: the importance-corrected estimator of TRL's
+``use_bias_correction_kl`` (``ratio = π_θ/π_old``, the tokens having been sampled from
+π_old, not from π_θ).
+
 One clamping rule for every estimator and both uses: the estimate is clamped to
 ``[-KL_BOUND, KL_BOUND]`` (AReaL's bound of the reward penalty, verl's of ``low_var_kl``),
 and ``k3`` exponentiates ``-d`` clamped to ±:data:`LOG_RATIO_BOUND` first. That inner
@@ -22,7 +34,7 @@ estimate exceeds 10 (a log-ratio beyond 10 nats, or 4.5 for ``k2``).
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, Optional, get_args
 
 from torch import Tensor
 
@@ -30,15 +42,35 @@ KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
 #: The estimator names, for both the reward penalty (``actor.kl_estimator``) and the loss
 #: term (``PPOLoss(kl_estimator=...)``, ``ppo.kl_loss_estimator``).
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
+#: The loss term's estimators: the above and verl's straight-through ``k1+``, ``k3+``.
+LOSS_KL_ESTIMATORS: tuple[str, ...] = KL_ESTIMATORS + ("k1+", "k3+", "low_var_kl+")
 #: Every estimate is clamped to [-KL_BOUND, KL_BOUND].
 KL_BOUND = 10.0
 #: ``k3`` exponentiates a log-ratio clamped to this range, so ``exp`` stays finite.
 LOG_RATIO_BOUND = 20.0
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str,
+                log_importance_ratio: Optional[Tensor] = None) -> Tensor:
     """Per-token estimate of KL(policy || reference), clamped to ±:data:`KL_BOUND`, as a
-    new tensor of the inputs' promoted dtype (differentiable in ``logprobs``)."""
+    new tensor of the inputs' promoted dtype (differentiable in ``logprobs``); a ``+``
+    estimator has ``k2``'s gradient; ``log_importance_ratio`` (``log π_θ/π_old``) weights
+    it by the importance ratio (see the module docstring)."""
+    if estimator.endswith("+"):
+        if estimator not in LOSS_KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator: expected one of {', '.join(LOSS_KL_ESTIMATORS)}, "
+                             f"got {estimator!r}")
+        value = kl_estimate(logprobs, ref_logprobs, estimator[:-1]).detach()
+        k2 = 0.5 * (logprobs - ref_logprobs).square()
+        estimate = k2 - k2.detach() + value
+    else:
+        estimate = _estimate(logprobs, ref_logprobs, estimator)
+    if log_importance_ratio is not None:
+        estimate = estimate * log_importance_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+    return estimate
+
+
+def _estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
     diff = logprobs - ref_logprobs
     if estimator == "k1":
         estimate = diff
@@ -50,6 +82,6 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tenso
         log_ratio = (-diff).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)   # log(ref / policy)
         estimate = log_ratio.exp() - 1 - log_ratio
     else:
-        raise ValueError(f"kl_estimator: expected one of {', '.join(KL_ESTIMATORS)}, "
+        raise ValueError(f"kl_estimator: expected one of {', '.join(LOSS_KL_ESTIMATORS)}, "
                          f"got {estimator!r}")
     return estimate.clamp(-KL_BOUND, KL_BOUND)

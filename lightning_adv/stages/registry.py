@@ -59,6 +59,8 @@ class BuiltinStage:
     """the keyword arguments it takes, each with the check of its value"""
     requires: tuple[str, ...] = ()
     """optional batch keys the stage reads (and raises without)"""
+    reads: tuple[str, ...] = ()
+    """optional batch keys the stage reads when the batch has them (``rollout_is_weights``)"""
     replaces_critic: bool = False
     """the stage subtracts its own baseline or ignores values: no critic is needed"""
     function: Optional[Callable[..., Any]] = None
@@ -109,9 +111,10 @@ BUILTIN_STAGES = _table(
     _builtin("estimator", "estimators", "turn_gae"),
     _builtin("estimator", "estimators", "reinforce", replaces_critic=True),
     _builtin("estimator", "estimators", "optimal_token_baseline", requires=("sum_pi_squared",),
-             replaces_critic=True, kwarg_checks=_OTB),
+             reads=("rollout_is_weights",), replaces_critic=True, kwarg_checks=_OTB),
     _builtin("estimator", "estimators", "tir_optimal_token_baseline",
-             requires=("sum_pi_squared",), replaces_critic=True, kwarg_checks=_OTB),
+             requires=("sum_pi_squared",), reads=("rollout_is_weights",),
+             replaces_critic=True, kwarg_checks=_OTB),
     _builtin("estimator", "turn_estimators", "turn_rloo", replaces_critic=True),
     _builtin("estimator", "turn_estimators", "turn_index_norm", replaces_critic=True,
              kwarg_checks={"std_normalize": check_bool, **_EPS}),
@@ -126,11 +129,14 @@ _REGISTERED: dict[str, dict[str, BuiltinStage]] = {family: {} for family in SELE
 
 def register_stage(family: str, name: Optional[str] = None, *,
                    kwarg_checks: Optional[Mapping[str, KwargCheck]] = None,
-                   requires: tuple[str, ...] = (), replaces_critic: bool = False):
+                   requires: tuple[str, ...] = (), replaces_critic: bool = False,
+                   reads: tuple[str, ...] = ()):
     """Decorator: register ``fn`` as the stage ``name`` (default ``fn.__name__``) of
     ``family``, selectable by that name like a built-in. ``kwarg_checks`` maps a keyword
     argument to ``check(key, value)``; ``requires`` names the optional batch keys it
-    reads; ``replaces_critic`` marks a stage that needs no critic."""
+    reads (and raises without); ``reads`` those it reads when present (a trainer then
+    passes them, e.g. ``rollout_is_weights``); ``replaces_critic`` marks a stage that
+    needs no critic."""
     if family not in SELECTORS:
         raise ValueError(f"register_stage: unknown stage family {family!r}; expected one of "
                          f"{', '.join(SELECTORS)}")
@@ -148,7 +154,7 @@ def register_stage(family: str, name: Optional[str] = None, *,
         path = f"{fn.__module__}.{fn.__qualname__}"
         _REGISTERED[family][stage_name] = BuiltinStage(
             family, stage_name, path, dict(kwarg_checks or {}), tuple(requires),
-            replaces_critic, function=fn)
+            tuple(reads), replaces_critic, function=fn)
         return fn
     return decorate
 

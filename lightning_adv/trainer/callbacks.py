@@ -2,6 +2,8 @@
 
 - :class:`SaveRunConfig` saves the resolved config in the run directory and never
   overwrites a file (a name that is taken gets a number: ``config-2.yaml``);
+- :class:`TrainingStepCheckpoint` is Lightning's ``ModelCheckpoint`` counting training
+  steps, the unit of every step count of the CLI and of the Ctrl-C checkpoint;
 - :class:`InterruptCheckpoint` turns Ctrl-C during ``fit`` into "finish this training
   step, save a checkpoint, stop", so the run resumes exactly where it stopped;
 - :class:`RunReport` prints the run's length and directory when training starts;
@@ -18,8 +20,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
+
+from lightning_adv.trainer.output_filters import DropMessages
 
 
 def free_path(directory: str, filename: str) -> Path:
@@ -43,9 +48,11 @@ def next_version_dir(root: Path) -> Path:
 class SaveRunConfig(SaveConfigCallback):
     """Saves the run's resolved config as ``config.yaml`` in the run directory (the
     logger's ``log_dir``). An existing file is never overwritten: a resumed run continuing
-    in its directory, or a directory holding a file of yours, gets ``config-2.yaml``..."""
+    in its directory, or a directory holding a file of yours, gets ``config-2.yaml``...
+    ``header``: comment lines written first (a resumed run's parent run and checkpoint)."""
 
     saved_path: Optional[Path] = None
+    header: list[str] = []
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.already_saved:
@@ -53,7 +60,8 @@ class SaveRunConfig(SaveConfigCallback):
         log_dir = trainer.log_dir
         if trainer.is_global_zero and log_dir is not None:
             os.makedirs(log_dir, exist_ok=True)
-            text = self.parser.dump(self.config, skip_none=False)
+            text = "".join(f"{line}\n" for line in self.header)
+            text += self.parser.dump(self.config, skip_none=False)
             while True:
                 path = free_path(log_dir, self.config_filename)
                 try:
@@ -64,6 +72,48 @@ class SaveRunConfig(SaveConfigCallback):
                     continue
             self.saved_path = path
         self.already_saved = trainer.strategy.broadcast(True)
+
+
+def training_steps(trainer: pl.Trainer, pl_module: Any) -> int:
+    """Training steps (rollouts) done: the module's ``rollout_step``; Lightning's
+    ``global_step`` counts optimizer steps (``ppo.epochs x ppo.minibatches`` per training
+    step) and stands in for a module without one."""
+    return int(getattr(pl_module, "rollout_step", trainer.global_step))
+
+
+class TrainingStepCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` in training steps: ``every_n_train_steps`` counts
+    training steps (rollouts) and ``{step}`` in file names is the training step, as in
+    ``interrupted-step=N.ckpt`` and the TensorBoard steps, so one folder speaks one unit
+    (Lightning's own count optimizer steps, of which a PPO step takes several). The CLI
+    uses it for every ``ModelCheckpoint`` of a config."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        every = self._every_n_train_steps
+        if every < 1 or training_steps(trainer, pl_module) % every:
+            return
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and self.monitor not in candidates:
+            self._defer_save_until_validation = True  # saved when validation has logged it
+            return
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning keeps last.ckpt at the last periodic save: a run of 5 steps saving
+        # every 2 would end with last.ckpt at step 4 and its fifth step in no file.
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            return
+        super().on_train_end(trainer, pl_module)
+
+    def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, Any]:
+        candidates = super()._monitor_candidates(trainer)
+        candidates["step"] = torch.tensor(training_steps(trainer, trainer.lightning_module))
+        return candidates
 
 
 def checkpoint_dir(trainer: pl.Trainer) -> Optional[str]:
@@ -85,6 +135,9 @@ class InterruptCheckpoint(Callback):
         self.requested = False
         self.saved: Optional[str] = None
         self._previous: Any = None
+        # After Ctrl-C, Lightning's "`Trainer.fit` stopped: `max_epochs=1` reached." is
+        # untrue (the run was interrupted); the summary says what happened.
+        self._quiet = DropMessages(("`Trainer.fit` stopped",))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -102,11 +155,12 @@ class InterruptCheckpoint(Callback):
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
             return
-        step = getattr(pl_module, "rollout_step", trainer.global_step)
+        step = training_steps(trainer, pl_module)
         path = os.path.join(checkpoint_dir(trainer), f"interrupted-step={step}.ckpt")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # a full checkpoint, said so
         self.saved = path
         trainer.should_stop = True
+        self._quiet.install()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
@@ -114,6 +168,9 @@ class InterruptCheckpoint(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         self._restore()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._quiet.remove()
 
     def _restore(self) -> None:
         if self._previous is not None:
@@ -151,7 +208,7 @@ def resume_command(config: Optional[Path], ckpt: str) -> str:
 def fit_summary(trainer: pl.Trainer, module: Any, log_dir: Optional[str]) -> list[str]:
     """The lines printed when ``fit`` ends: steps, final reward, where the outputs are
     (``log_dir``: ``trainer.log_dir``, which every rank must have asked for)."""
-    steps = getattr(module, "rollout_step", trainer.global_step)
+    steps = training_steps(trainer, module)
     lines = [f"fit: {steps} training steps ({trainer.global_step} optimizer steps)"]
     rewards = list(getattr(module, "reward_history", []))
     if rewards:

@@ -20,7 +20,9 @@ from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.losses.kl_controllers import KLControllerConfig
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES
 from lightning_adv.losses.ppo_loss import RATIO_LEVELS
-from lightning_adv.ops.kl import KL_ESTIMATORS
+from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig
+from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
+from lightning_adv.trainer.off_policy import ROLLOUT_DTYPES
 from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig
 from lightning_adv.trainer.evaluation import EvalConfig
 from lightning_adv.trainer.policy_config import PolicyConfig
@@ -65,9 +67,18 @@ class PPOConfig:
     """upper clip range, 1 + clip_eps_high (DAPO's clip-higher; null: clip_eps)"""
     dual_clip: Optional[float] = None
     """dual-clip PPO: c > 1 bounds the loss of negative-advantage tokens by -A * c (null: off)"""
-    loss_agg_mode: str = "token-mean"
-    """how per-token losses become one number (verl's agg_loss): token-mean,
-    seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm (Dr.GRPO)"""
+    loss_agg_mode: Optional[str] = None
+    """how per-token losses become one number (verl's agg_loss): token-mean, token-sum,
+    seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm (Dr.GRPO: token
+    sums averaged over sequences, divided by loss_scale_factor); null: token-mean, or the
+    policy loss's own (sapo, geo_mean)"""
+    policy_loss: str = "vanilla"
+    """the policy loss (verl's actor.policy_loss.loss_mode): vanilla, gspo, cispo, sapo,
+    geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, dro, gpg, vespo, a name registered with
+    register_policy_loss, or a dotted path"""
+    policy_loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    """its settings, verl's names (tau_pos, tau_neg, clip_cov_ratio, clip_cov_lb,
+    clip_cov_ub, kl_cov_ratio, ppo_kl_coef, dro_beta)"""
     loss_scale_factor: Optional[float] = None
     """the constant divisor of seq-mean-token-sum-norm (null: the episode's token budget,
     max_new_tokens x the task's turns)"""
@@ -77,7 +88,24 @@ class PPOConfig:
     """weight of a KL-to-reference term in the loss (GRPO's beta); the reward-side KL
     penalty is actor.kl_ctl. Either > 0 loads a frozen reference policy"""
     kl_loss_estimator: str = "k3"
-    """estimator of the KL loss term: k1, k2, k3 (= low_var_kl) or abs"""
+    """estimator of the KL loss term: k1, k2, k3 (= low_var_kl), abs, or verl's
+    straight-through k1+, k3+ (the value of k1/k3, the gradient of k2)"""
+    use_bias_correction_kl: bool = False
+    """weight the KL loss term by pi_theta/pi_old (TRL's use_bias_correction_kl)"""
+    off_policy_steps: int = 0
+    """train on the rollout sampled this many training steps ago (a queue): every batch is
+    this many policy versions stale; the first steps only sample"""
+    rollout_dtype: Optional[str] = None
+    """sample with a copy of the policy in this dtype (bfloat16, float16, float32),
+    refreshed every step: a training/inference mismatch (null: the policy itself)"""
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
+    """verl's algorithm.rollout_correction: {rollout_is, rollout_is_threshold,
+    rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold, bypass_mode, loss_type};
+    decoupled mode needs actor.recompute_logprob: true (null: no correction)"""
+    rollout_kl_coef: float = 0.0
+    """weight of a KL(pi_theta || pi_rollout) loss term"""
+    rollout_kl_estimator: str = "k3"
+    """its estimator (as kl_loss_estimator)"""
     value_clip_eps: Optional[float] = 0.2
     """clip range of value updates around the rollout values (null: unclipped value loss)"""
     lr: float = 1e-3
@@ -121,9 +149,10 @@ class PPOConfig:
             fail("ppo.lr", "a learning rate in (0, 1]", self.lr)
         for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
             check_number(f"ppo.{name}", getattr(self, name), minimum=0.0)
-        check_choice("ppo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_choice("ppo.loss_agg_mode", self.loss_agg_mode, (None, *LOSS_AGG_MODES))
         check_choice("ppo.ratio_level", self.ratio_level, RATIO_LEVELS)
-        check_choice("ppo.kl_loss_estimator", self.kl_loss_estimator, KL_ESTIMATORS)
+        check_choice("ppo.kl_loss_estimator", self.kl_loss_estimator, LOSS_KL_ESTIMATORS)
+        self._check_off_policy()
         for name in ("clip_eps_high", "loss_scale_factor"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
@@ -150,6 +179,28 @@ class PPOConfig:
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
+
+    def _check_off_policy(self) -> None:
+        if not isinstance(self.policy_loss, str):
+            fail("ppo.policy_loss", "a policy loss name or a dotted path", self.policy_loss)
+        check_json_kwargs("ppo.policy_loss_kwargs", self.policy_loss_kwargs)
+        check_bool("ppo.use_bias_correction_kl", self.use_bias_correction_kl)
+        check_int("ppo.off_policy_steps", self.off_policy_steps, minimum=0)
+        check_choice("ppo.rollout_dtype", self.rollout_dtype, (None, *ROLLOUT_DTYPES))
+        check_number("ppo.rollout_kl_coef", self.rollout_kl_coef, minimum=0.0)
+        check_choice("ppo.rollout_kl_estimator", self.rollout_kl_estimator, LOSS_KL_ESTIMATORS)
+        correction = nested_config(RolloutCorrectionConfig, "ppo.rollout_correction",
+                                   self.rollout_correction)
+        if correction is not None and not isinstance(correction, RolloutCorrectionConfig):
+            fail("ppo.rollout_correction", "null or a mapping of verl's rollout_correction keys",
+                 correction)
+        convert_field(self, "rollout_correction", correction)
+
+    @property
+    def off_policy(self) -> bool:
+        """The batch carries the sampler's log-probs and the run logs ``offpolicy/``."""
+        return (self.off_policy_steps > 0 or self.rollout_dtype is not None
+                or self.rollout_correction is not None or self.rollout_kl_coef > 0)
 
 
 @dataclass(frozen=True)

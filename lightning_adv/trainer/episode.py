@@ -29,10 +29,14 @@ class Episode:
     generated: list[bool]
     """token i was sampled from the policy"""
     logprobs: list[float]
-    """behaviour log-prob of token i (token-aligned), 0 off generated tokens"""
+    """behaviour log-prob of token i (token-aligned), 0 off generated tokens: of the
+    temperature-scaled full distribution, what the trainer's forward pass computes"""
     turn_ids: list[int]
     """policy turn of token i, -1 off generated tokens"""
     turns: list[Turn]
+    rollout_logprobs: list[float] = dataclasses.field(default_factory=list)
+    """log-prob of token i in the distribution it was drawn from (after temperature,
+    top-k and top-p), 0 off generated tokens: the batch's ``rollout_logprobs``"""
     done: bool = False
     reward: float = 0.0
     token_rewards: Optional[list[float]] = None
@@ -47,11 +51,14 @@ class Episode:
     def truncated(self) -> bool:
         return bool(self.turns) and not self.turns[-1].ended
 
-    def append_generated(self, token: int, logp: float) -> None:
-        """A token the policy sampled, with its behaviour log-prob, in the current turn."""
+    def append_generated(self, token: int, logp: float,
+                         rollout_logp: Optional[float] = None) -> None:
+        """A token the policy sampled, with its behaviour log-prob (full distribution) and
+        its log-prob as sampled (default: the same), in the current turn."""
         self.tokens.append(token)
         self.generated.append(True)
         self.logprobs.append(logp)
+        self.rollout_logprobs.append(logp if rollout_logp is None else rollout_logp)
         self.turn_ids.append(len(self.turns))
 
     def append_reply(self, tokens: Sequence[int]) -> None:
@@ -60,6 +67,7 @@ class Episode:
         self.tokens.extend(tokens)
         self.generated.extend([False] * len(tokens))
         self.logprobs.extend([0.0] * len(tokens))
+        self.rollout_logprobs.extend([0.0] * len(tokens))
         self.turn_ids.extend([-1] * len(tokens))
 
     def end_turn(self, turn: Turn, runtime: TaskRuntime) -> list[int]:
@@ -87,5 +95,6 @@ def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int)
         instance, prompt = runtime.instance(int(index))
         for _ in range(n_samples):
             episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), []))
+                                    [0.0] * len(prompt), [-1] * len(prompt), [],
+                                    rollout_logprobs=[0.0] * len(prompt)))
     return episodes

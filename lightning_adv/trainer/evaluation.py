@@ -4,8 +4,9 @@ during ``fit`` (every ``trainer.val_check_interval`` steps, else at the end of e
 The held-out prompts come from the task's own generator, at pool indices the training
 pool never uses: the validation set is indices ``task.num_prompts ..
 task.num_prompts + evaluation.num_prompts - 1``, the test set (also ``predict``'s) the
-next ``evaluation.num_prompts``; a dataset task holds out the lines after the first
-``task.num_prompts`` (as many as there are). A task with few distinct instances (``addition`` has 100)
+next ``evaluation.num_prompts``. A dataset task trains on all its lines but the last
+``2 x evaluation.num_prompts`` by default, which are the two sets; a ``task.num_prompts``
+that leaves either set empty is refused before training. A task with few distinct instances (``addition`` has 100)
 may repeat a training instance under a new index.
 
 Each prompt gets one greedy response and ``evaluation.n_samples`` sampled ones (at

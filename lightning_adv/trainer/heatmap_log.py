@@ -24,7 +24,7 @@ import copy
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from lightning_adv.trainer.sample_log import SampleLogConfig
 from lightning_adv.trainer.sampling import score
@@ -86,9 +86,10 @@ class HeatmapLog:
         self.draw_and_log(module, "train", batch, out, rows, labels)
 
     def evaluation(self, module: Any, stage: str, greedy: Sequence[Sequence[Any]],
-                   sampled: Sequence[Sequence[Any]]) -> None:
+                   sampled: Sequence[Sequence[Any]], step: Optional[int] = None) -> None:
         """``<stage>/advantage_heatmap[_raw]``: the first prompts' greedy responses, scored
-        among their samples. Every rank calls this (the advantage module's statistics are
+        among their samples, logged at ``step`` (that of the stage's scalars; default the
+        rollout step). Every rank calls this (the advantage module's statistics are
         collectives under DDP); rank 0 draws."""
         if not self.wanted(module):
             return
@@ -111,11 +112,11 @@ class HeatmapLog:
                 kind = "greedy" if s == 0 else f"sample {s}"
                 labels.append(f"prompt {ep.index} · group {g} · {kind} · {reward_text(ep.reward)}")
             start += len(group)
-        self.draw_and_log(module, stage, batch, out, rows, labels)
+        self.draw_and_log(module, stage, batch, out, rows, labels, step)
 
     def draw_and_log(self, module: Any, stage: str, batch: dict[str, Any], out: dict[str, Any],
-                     rows: list[int], labels: list[str]) -> None:
-        step = module.rollout_step
+                     rows: list[int], labels: list[str], step: Optional[int] = None) -> None:
+        step = module.rollout_step if step is None else step
         for key, suffix in ADVANTAGE_KEYS.items():
             if key not in out:
                 continue

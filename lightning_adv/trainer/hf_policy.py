@@ -15,193 +15,27 @@ next-token convention), the reference policy of the KL terms, and the tokenizer.
   loads: the model (LoRA merged into a copy, or the adapter alone), the tokenizer, and
   the value head as ``value_head.safetensors``.
 
-Loading checks (errors name the key, before any weights are read): the directory exists
-and holds a ``config.json``, weights and a tokenizer; the config is a causal LM's;
-``dtype: float16`` needs a GPU; LoRA needs ``peft``.
+The checks made before any weights are read are in
+:mod:`~lightning_adv.trainer.hf_loading` (imported from here too).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from lightning_adv.trainer.hf_tokenizer import HFTokenizer
+from lightning_adv.trainer.hf_loading import (  # noqa: F401 -- checks re-exported from here
+    HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
+    local_or_hub, no_progress_bars)
 from lightning_adv.trainer.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
 from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _hub_env() -> None:
-    # transformers' progress bars and load reports would flood every run's output.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-
-
-@contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """transformers' progress bars off within the block (``save_pretrained`` draws a
-    "Writing model shards" bar even for one shard), the caller's setting restored after."""
-    from transformers.utils import logging
-
-    was_enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            logging.enable_progress_bar()
-
-
-def expected_directory(key: str) -> str:
-    """What a model directory must hold, and how to make a tiny local one: the tail of
-    every error about an unusable ``key`` (``policy.pretrained``; ``model.`` on the CLI)."""
-    return (f"expected a Hugging Face model directory as save_pretrained writes it: "
-            f"config.json, weights ({' or '.join(WEIGHT_FILES[:3:2])}) and tokenizer files "
-            f"(tokenizer.json or tokenizer_config.json), or a hub id with network access. For "
-            f"a tiny random local model: python -m lightning_adv make-tiny --out "
-            f"models/tiny_lm, then --model.{key}=models/tiny_lm")
-
-
-def check_model_location(path: str, key: str) -> bool:
-    """Check a local model directory's files; True for a local directory, False for a
-    hub id (left to ``from_pretrained``). Errors name ``key``, the path and what a model
-    directory holds."""
-    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path)
-    if not os.path.isdir(os.path.expanduser(path)):
-        if looks_local or path.count("/") > 1:
-            raise ValueError(f"{key}: no such directory {path!r} (a Hugging Face model directory "
-                             f"or a hub id such as Qwen/Qwen2.5-0.5B); {expected_directory(key)}")
-        return False
-    directory = Path(path).expanduser()
-    if not (directory / "config.json").is_file():
-        raise ValueError(f"{key}: {path!r} has no config.json: not a Hugging Face model "
-                         f"directory; {expected_directory(key)}")
-    if not any((directory / name).is_file() for name in WEIGHT_FILES) and not any(
-            directory.glob("*.safetensors")):
-        raise ValueError(f"{key}: {path!r} has no model weights (expected one of "
-                         f"{', '.join(WEIGHT_FILES[:3])}); {expected_directory(key)}")
-    return True
-
-
-def load_config(path: str, key: str, trust_remote_code: bool) -> Any:
-    """The model's ``AutoConfig``, checked to be a causal LM's."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    local = check_model_location(path, key)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # transformers raises OSError/ValueError/KeyError variously
-        what = ("the model config of" if local else
-                "no local directory and no model on the hub (or HF_HUB_OFFLINE is set) named")
-        raise ValueError(f"{key}: cannot load {what} {path!r}: "
-                         f"{type(exc).__name__}: {str(exc)[:300].rstrip('. ')}; "
-                         f"{expected_directory(key)}") from None
-    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not (
-            remote and trust_remote_code):
-        arch = ", ".join(getattr(config, "architectures", None) or []) or "no architecture"
-        raise ValueError(f"{key}: {path!r} holds a {config.model_type!r} model ({arch}), which is "
-                         f"not a causal language model (AutoModelForCausalLM cannot load it)")
-    return config
-
-
-def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoTokenizer
-
-    directory = Path(path).expanduser()
-    if directory.is_dir() and not any((directory / n).is_file() for n in TOKENIZER_FILES):
-        raise ValueError(f"{key}: {path!r} has no tokenizer (expected tokenizer.json or "
-                         f"tokenizer_config.json beside the model); {expected_directory(key)}")
-    try:
-        # Left padding is what batched generation needs; the trainer pads its own batches.
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                             padding_side="left")
-    except Exception as exc:
-        raise ValueError(f"{key}: cannot load the tokenizer of {path!r}: "
-                         f"{type(exc).__name__}: {str(exc)[:300].rstrip('. ')}; "
-                         f"{expected_directory(key)}") from None
-
-
-def context_window(config: Any) -> Optional[int]:
-    """The longest sequence the model reads (None when its config does not say)."""
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def check_device_dtype(dtype: str, device: torch.device | str) -> None:
-    if dtype == "float16" and torch.device(device).type == "cpu":
-        raise ValueError("policy.dtype: float16 needs a GPU (CPU kernels for it are missing or "
-                         "slow); use bfloat16 or float32 on CPU, or "
-                         "--trainer.precision=bf16-mixed")
-
-
-def check_lora_available() -> None:
-    if importlib.util.find_spec("peft") is None:
-        raise ValueError("policy.lora: LoRA needs the peft package, which is not installed; "
-                         "install the extra: pip install 'lightning_adv[lora]'")
-
-
-@dataclass
-class HFSetup:
-    """What the trainer needs of a pretrained policy, checked before anything is loaded."""
-
-    config: Any
-    """the policy's transformers config"""
-    tokenizer: HFTokenizer
-    context_window: Optional[int]
-
-
-def check_hf_policy(policy: PolicyConfig, chat_template: Any = "auto") -> HFSetup:
-    """Everything that can be checked without loading weights: files, config, tokenizer,
-    LoRA availability, the critic's directory. Errors name ``policy.<field>``."""
-    _hub_env()
-    assert policy.pretrained is not None
-    config = load_config(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
-    raw = load_tokenizer(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
-    eos = _generation_eos(policy.pretrained)
-    tokenizer = HFTokenizer(raw, chat_template, eos_ids=eos)
-    if policy.lora is not None:
-        check_lora_available()
-    if policy.critic_pretrained is not None:
-        critic = load_config(policy.critic_pretrained, "policy.critic_pretrained",
-                             policy.trust_remote_code)
-        if getattr(critic, "vocab_size", len(raw)) < len(raw):
-            raise ValueError(f"policy.critic_pretrained: its vocabulary ({critic.vocab_size} "
-                             f"tokens) is smaller than the policy tokenizer's ({len(raw)}); the "
-                             f"critic must read the policy's token ids")
-    return HFSetup(config, tokenizer, context_window(config))
-
-
-def _generation_eos(path: str) -> list[int]:
-    from transformers import GenerationConfig
-
-    try:
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except Exception:  # no generation_config.json: the tokenizer's EOS alone
-        return []
-    if eos is None:
-        return []
-    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
 def _load_kwargs(policy: PolicyConfig) -> dict[str, Any]:
@@ -319,6 +153,7 @@ class HFPolicy(nn.Module):
             head = {k: v.detach().float().cpu().contiguous()
                     for k, v in _part(state, "value_head.").items()}
             save_file(head, str(directory / "value_head.safetensors"))
+        apply_umask(directory)
         return directory
 
 
@@ -368,10 +203,10 @@ def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:
     _hub_env()
     assert policy.pretrained is not None
     kwargs = _load_kwargs(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy.pretrained, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(local_or_hub(policy.pretrained), **kwargs)
     critic = None
     if policy.critic_pretrained is not None:
-        critic = AutoModel.from_pretrained(policy.critic_pretrained, **kwargs)
+        critic = AutoModel.from_pretrained(local_or_hub(policy.critic_pretrained), **kwargs)
     if policy.disable_dropout:
         _without_dropout(model)
         if critic is not None:

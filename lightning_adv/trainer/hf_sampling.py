@@ -20,7 +20,9 @@ optionally restricted by top-k and top-p (transformers' own logits warpers, appl
 ``generate`` applies them); 0 and 1.0 (the defaults) turn them off, unlike ``generate``'s
 top_k=50. The behaviour log-prob stored for a token is that of the temperature-scaled
 *full* distribution, the one the training forward pass computes (as TRL and verl do:
-their old log-probs come from a forward pass too), so the first PPO step's ratio is 1.
+their old log-probs come from a forward pass too), so the first PPO step's ratio is 1;
+its log-prob *as sampled*, in the distribution after top-k and top-p (renormalized), is
+the episode's ``rollout_logprobs`` (the rollout policy of off-policy correction).
 ``kv_cache=False`` re-reads every row's whole history at each step (the same samples,
 slower): the benchmark's baseline.
 """
@@ -146,11 +148,13 @@ def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_sam
         logp = finite_or_raise(torch.log_softmax(scaled, dim=-1), "policy logits")
         for warper in warpers:
             scaled = warper(None, scaled)
-        picked = torch.multinomial(torch.softmax(scaled, dim=-1).cpu(), 1, generator=gen)
+        sampled = torch.log_softmax(scaled, dim=-1) if warpers else logp  # what is drawn from
+        picked = torch.multinomial(sampled.exp().cpu(), 1, generator=gen)
         picked_logp = logp.gather(1, picked.to(logp.device)).squeeze(1).tolist()
+        as_sampled = sampled.gather(1, picked.to(logp.device)).squeeze(1).tolist()
         for j, r in enumerate(active):
             ep, token = episodes[r], int(picked[j])
-            ep.append_generated(token, picked_logp[j])
+            ep.append_generated(token, picked_logp[j], as_sampled[j])
             turn_tokens[r].append(token)
             eos = token in vocab.eos_ids
             stop = _stop_string(vocab, turn_tokens[r], stops) if stops and not eos else None

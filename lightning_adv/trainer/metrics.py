@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import ExplainedVariance, MeanMetric
 
@@ -103,3 +104,28 @@ class StepMetrics(nn.Module):
             out["train/explained_variance"] = self.explained_variance.compute()
             self.explained_variance.reset()
         return out
+
+
+@torch.no_grad()
+def episode_kl(out: Mapping[str, Any]) -> tuple[float, int]:
+    """The KL between the rollout and the reference policy, for the KL controller: the mean
+    over episodes of each episode's summed k1 estimate (TRL's and Ziegler et al.'s
+    measure), global under DDP so every rank's controller moves alike; and the episodes."""
+    mask = out["loss_mask"]
+    per_row = ((out["logprobs"] - out["ref_logp"]) * mask).sum(1)
+    totals = torch.stack([per_row.sum(), torch.tensor(float(len(per_row)), device=per_row.device)])
+    totals = totals.double()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals)
+    return float(totals[0] / totals[1]), int(totals[1])
+
+
+def log_histogram(logger: Any, trainer: Any, rank: int, step: int, tag: str, values: Tensor) -> None:
+    """A TensorBoard histogram of ``values`` at ``step`` (rank 0, every
+    ``trainer.log_every_n_steps`` steps)."""
+    every = max(1, int(getattr(trainer, "log_every_n_steps", 1) or 1))
+    if logger is None or (step + 1) % every:
+        return
+    experiment = getattr(logger, "experiment", None)
+    if rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
+        experiment.add_histogram(tag, values.float().cpu(), step)

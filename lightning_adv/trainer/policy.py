@@ -164,10 +164,10 @@ class KVCache:
     def __init__(self, policy: "CausalTransformer", batch_size: int, width: int):
         block = policy.blocks[0]
         heads, head_dim = block.n_heads, policy.config.d_model // block.n_heads
-        device = policy.tok.weight.device
+        device, dtype = policy.tok.weight.device, policy.tok.weight.dtype  # (a bf16 sampler's)
         # keys transposed for ``q @ keys``, values as ``weights @ values`` reads them
-        self.layers = [(torch.zeros(batch_size, heads, head_dim, width + 1, device=device),
-                        torch.zeros(batch_size, heads, width + 1, head_dim, device=device))
+        self.layers = [(torch.zeros(batch_size, heads, head_dim, width + 1, device=device, dtype=dtype),
+                        torch.zeros(batch_size, heads, width + 1, head_dim, device=device, dtype=dtype))
                        for _ in policy.blocks]
         self.width = width
         self.filled = torch.zeros(batch_size, dtype=torch.long, device=device)

@@ -1,4 +1,5 @@
-"""``PPOModule``: on-policy PPO for a tiny causal transformer, in one LightningModule.
+"""``PPOModule``: PPO for a tiny causal transformer (or a Hugging Face model), in one
+LightningModule; on-policy, or off-policy (:mod:`~lightning_adv.trainer.off_policy`).
 
 A training step, top to bottom (:meth:`PPOModule.training_step`):
 
@@ -23,10 +24,9 @@ prompt order by (seed, epoch), the initial weights by the seed), so a
 resumed run reproduces the next step exactly.
 
 This module holds the LightningModule's hooks; the parts live beside it: the config
-sections in :mod:`~lightning_adv.trainer.config`, the setup checks in
-:mod:`~lightning_adv.trainer.setup` (one :class:`~lightning_adv.trainer.setup.TrainerPlan`,
-also the CLI's pre-flight check), steps 1-2 in :mod:`~lightning_adv.trainer.rollout` and
-step 4 in :mod:`~lightning_adv.trainer.update`.
+sections (:mod:`~lightning_adv.trainer.config`), the setup checks (one
+:class:`~lightning_adv.trainer.setup.TrainerPlan`, also the CLI's pre-flight check), steps
+1-2 (:mod:`~lightning_adv.trainer.rollout`) and step 4 (:mod:`~lightning_adv.trainer.update`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_adv.metrics.advantage_metrics import AdvantageMetrics
@@ -50,7 +49,9 @@ from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSample
 from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
 from lightning_adv.trainer.heatmap_log import HeatmapLog
-from lightning_adv.trainer.metrics import StepMetrics
+from lightning_adv.trainer.metrics import StepMetrics, episode_kl, log_histogram
+from lightning_adv.trainer.off_policy import (
+    QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
 from lightning_adv.trainer.policy_config import PolicyConfig
 from lightning_adv.trainer.resume import reconcile_checkpoint
 import lightning_adv.trainer.rollout as rollouts
@@ -118,8 +119,11 @@ class PPOModule(pl.LightningModule):
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.eval_metrics = nn.ModuleDict({stage: EvalMetrics(self.eval_config.pass_k)
                                            for stage in EVAL_STAGES})
+        self.offpolicy_metrics, self.rollout_queue, self.rollout_copy = off_policy_parts(
+            self.ppo_config)
         self.rollout_step = 0
-        """training steps (rollouts) done so far; seeds the next step's generators"""
+        """training steps (rollouts) done so far; seeds the next step's generators, and is
+        the policy version of what this step samples"""
         self.reward_history: list[float] = []
         """mean task reward of each training step of this process (for the run summary)"""
         self._loader: Optional[PromptLoader] = None
@@ -182,7 +186,8 @@ class PPOModule(pl.LightningModule):
             check_device_dtype(self.policy_config.dtype, self.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed}
+        checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed,
+                                       "rollout_queue": self.rollout_queue.state()}
         self.save_hf_model()
 
     def on_train_end(self) -> None:
@@ -210,6 +215,7 @@ class PPOModule(pl.LightningModule):
             reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
+        self.rollout_queue.restore(state.get("rollout_queue"))
         saved = state.get("seed")
         if saved is not None and int(saved) != self.seed:
             warnings.warn(f"seed: the checkpoint was trained with seed {saved}, this run uses "
@@ -254,38 +260,69 @@ class PPOModule(pl.LightningModule):
         for name, metric in metrics.items():
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(greedy))
         if batch_idx == 0 and self.sample_log_config.every_n_steps:
-            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count))
-            self.heatmap_log.evaluation(self, stage, greedy, sampled)
+            # Beside the stage's scalars: during fit Lightning logs them at the index of
+            # the last training step (a resumed run's TensorBoard then has no event after
+            # its checkpoint's step).
+            fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+            step = max(self.rollout_step - 1, 0) if fitting else self.rollout_step
+            self._log_text(f"{stage}/samples", samples_markdown(greedy, self.sample_log_config.count),
+                           step)
+            self.heatmap_log.evaluation(self, stage, greedy, sampled, step)
 
-    def _log_text(self, tag: str, text: str) -> None:
+    def _log_text(self, tag: str, text: str, step: Optional[int] = None) -> None:
         experiment = getattr(self.logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_text"):
-            experiment.add_text(tag, text, self.rollout_step)
+            experiment.add_text(tag, text, self.rollout_step if step is None else step)
 
     # ------------------------------------------------------------------ the training step
 
     def training_step(self, batch: Tensor, batch_idx: int) -> None:
         step, rank = self.rollout_step, self.global_rank
         try:
-            groups, sampled = self.sample_groups(batch.tolist(), step, rank)
-            baselines = None
-            if self.ppo_config.greedy_baseline:
-                baselines = self.greedy_baselines([g[0].index for g in groups])
-                self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
-                         on_epoch=False, batch_size=len(baselines), sync_dist=True)
-            rollout, meta = self.make_batch(groups, baselines)
+            fresh, entry = self.sample_step(batch.tolist(), step, rank)
+            if entry is not None:
+                rollout, meta = self.make_batch(entry.groups, entry.baselines)
+                corrected = None if not self.ppo_config.off_policy else correct_rollout(
+                    rollout, self.ppo_config, self.actor_config.recompute_logprob,
+                    self.offpolicy_metrics, step, step - entry.version,
+                    "rollout_is_weights" in self.advantage.optional_batch_keys)
         except Exception:
             # A task function failing on this rank only: the other ranks are about to wait
             # in the advantage module's collectives; let them fail too.
             report_failure(self.device)
             raise
-        out = self.advantage(rollout, meta, prm=self.prm_shaping, kl_coef=self.kl_controller.value)
-        self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
-        self.log_step(rollout, out, meta, groups, sampled)
-        self._update_kl_controller(out)
+        if entry is not None:  # (None: the off-policy queue is still filling)
+            out = self.advantage(rollout, meta, prm=self.prm_shaping,
+                                 kl_coef=self.kl_controller.value)
+            if corrected is not None:
+                out.update(corrected.loss_inputs())
+            self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
+            # the rewards reported are those of the current policy's (fresh) samples
+            self.log_step(rollout, out, meta, entry.groups, fresh.sampled)
+            self._update_kl_controller(out)
         self.rollout_step += 1
         if self._loader is not None:
             self._loader.step_done(self.current_epoch)
+
+    def sample_step(self, indices: list[int], step: int, rank: int
+                    ) -> tuple[QueuedRollout, Optional[QueuedRollout]]:
+        """This step's rollout (with ReMax's greedy baselines), and the one to train on:
+        itself, or under ``ppo.off_policy_steps`` the one sampled that many steps ago
+        (None while the queue fills: then only the fresh rollout's reward is logged)."""
+        groups, sampled = self.sample_groups(indices, step, rank)
+        baselines = None
+        if self.ppo_config.greedy_baseline:
+            baselines = self.greedy_baselines([g[0].index for g in groups])
+            self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
+                     on_epoch=False, batch_size=len(baselines), sync_dist=True)
+        fresh = QueuedRollout(groups, sampled, baselines, version=step)
+        if not self.ppo_config.off_policy_steps:
+            return fresh, fresh
+        ready = self.rollout_queue.exchange(fresh)
+        if ready is None:  # (log_step's arguments: Lightning refuses others for one key)
+            self.log("train/task_reward", mean_task_reward(sampled), prog_bar=True, on_step=True,
+                     on_epoch=False, batch_size=sum(map(len, sampled)))
+        return fresh, ready
 
     def sample_groups(self, indices: list[int], step: int,
                       rank: int) -> tuple[list[list[Any]], list[list[Any]]]:
@@ -307,9 +344,10 @@ class PPOModule(pl.LightningModule):
 
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
         """Sample and score ``n_samples`` episodes for each prompt index."""
+        sampler = self.rollout_copy(self.policy) if self.rollout_copy is not None else None
         return rollouts.rollout(self.policy, self.runtime, indices, self.ppo_config,
                                 self.max_new_tokens, gen, hf=self.hf_tokenizer is not None,
-                                scorers=self.scorers)
+                                scorers=self.scorers, sampler=sampler)
 
     def greedy_baselines(self, indices: list[int]) -> list[float]:
         """The task reward of one greedy response per prompt (``ppo.greedy_baseline``)."""
@@ -335,7 +373,9 @@ class PPOModule(pl.LightningModule):
             clip_gradients=lambda opt, norm: self.clip_gradients(
                 opt, gradient_clip_val=norm, gradient_clip_algorithm="norm"),
             record_loss=lambda result: self.adv_metrics.update(loss=result),
-            strategy=self._trainer.strategy if self._trainer is not None else None)
+            strategy=self._trainer.strategy if self._trainer is not None else None,
+            record_offpolicy=lambda logprobs, rollout, mask: self.offpolicy_metrics.update(
+                logprobs, rollout, mask, self.ppo_config.rollout_correction))
         ppo_update(self.policy, self.loss_fn, self.ppo_config, self.critic, batch, out, gen,
                    self.device, hooks)
 
@@ -348,6 +388,9 @@ class PPOModule(pl.LightningModule):
         self.adv_metrics.update(out, meta)
         values = {**self.metrics.compute(), **self.adv_metrics.compute()}
         self.adv_metrics.reset()
+        if self.ppo_config.off_policy:
+            values.update(self.offpolicy_metrics.compute())
+            self.offpolicy_metrics.reset()
         values["train/kl_coef"] = torch.tensor(self.kl_controller.value)
         n = sum(len(group) for group in groups)
         reward = values.pop("train/task_reward")
@@ -355,32 +398,16 @@ class PPOModule(pl.LightningModule):
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
-        m = out["loss_mask"]
-        self._log_histogram("train/advantages", out["advantages"][m > 0])
+        log_histogram(self.logger, self.trainer, self.global_rank, self.rollout_step,
+                      "train/advantages", out["advantages"][out["loss_mask"] > 0])
         if self.sample_log_config.due(self.rollout_step):
             self._log_text("train/samples", samples_markdown(groups, self.sample_log_config.count))
             self.heatmap_log.training(self, batch, out, groups)
 
     @torch.no_grad()
     def _update_kl_controller(self, out: dict[str, Any]) -> None:
-        """Feed the controller the KL between the rollout and the reference policy: the mean
-        over episodes of each episode's summed k1 estimate (TRL's and Ziegler et al.'s
-        measure), global under DDP so every rank's controller moves alike."""
+        """Feed the controller the step's KL to the reference (:func:`episode_kl`)."""
         if self.kl_controller_config.type == "fixed" or out.get("ref_logp") is None:
             return
-        mask = out["loss_mask"]
-        per_row = ((out["logprobs"] - out["ref_logp"]) * mask).sum(1)
-        totals = torch.stack([per_row.sum(), torch.tensor(float(len(per_row)), device=per_row.device)])
-        totals = totals.double()
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(totals)
-        self.kl_controller.update(float(totals[0] / totals[1]), n_steps=int(totals[1]))
-
-    def _log_histogram(self, tag: str, values: Tensor) -> None:
-        logger = self.logger
-        every = max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1))
-        if logger is None or (self.rollout_step + 1) % every:
-            return
-        experiment = getattr(logger, "experiment", None)
-        if self.global_rank == 0 and hasattr(experiment, "add_histogram") and values.numel():
-            experiment.add_histogram(tag, values.float().cpu(), self.rollout_step)
+        kl, episodes = episode_kl(out)
+        self.kl_controller.update(kl, n_steps=episodes)

@@ -7,12 +7,20 @@ and nothing else. :func:`config_differences` lists the settings that changed, so
 CLI can say so; :func:`reconcile_checkpoint` makes a checkpoint fit the module built
 from the new settings where that is well defined, and refuses with the differing keys
 where it is not (a different network).
+
+Where a resumed run writes (:func:`resume_target`): nothing of the run it resumes is
+replaced. It continues in the checkpoint's run directory only when that replaces
+nothing there (the same settings, no checkpoint or TensorBoard step after the resumed
+one: a run stopped by Ctrl-C or a crash); otherwise it starts the next ``version_N``,
+whose saved config names its parent run and checkpoint. A run with nothing left to train
+is refused (:func:`nothing_left_to_train`), its checkpoint untouched.
 """
 
 from __future__ import annotations
 
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,6 +52,23 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]
             if old.get(k, missing) != new.get(k, missing)]
 
 
+def changed_settings(info: Mapping[str, Any], hparams: Mapping[str, Any],
+                     seed_everything: Any = None) -> list[tuple[str, Any, Any]]:
+    """The settings of ``hparams`` that differ from those of the checkpoint ``info``
+    (:func:`load_checkpoint_info`), the seed included: the module's own
+    (``model.seed``) or else the run's ``seed_everything``."""
+    saved, current = dict(info["hparams"]), dict(hparams)
+    saved.pop("seed", None)
+    seed = current.pop("seed", None)
+    seed = seed if seed is not None else seed_everything
+    changed = config_differences(saved, current)
+    old_seed = info.get("seed")
+    if (isinstance(seed, int) and not isinstance(seed, bool) and old_seed is not None
+            and int(old_seed) != seed):
+        changed.append(("seed", int(old_seed), seed))
+    return changed
+
+
 def describe(differences: list[tuple[str, Any, Any]], prefix: str = "model.") -> str:
     return ", ".join(f"{prefix}{key} ({old!r} in the checkpoint, {new!r} now)"
                      for key, old, new in differences)
@@ -54,10 +79,11 @@ def describe(differences: list[tuple[str, Any, Any]], prefix: str = "model.") ->
 SHARDED_METADATA = "meta.pt"
 
 
-def load_checkpoint_info(path: str) -> dict[str, Any]:
-    """``{"hparams": ..., "step": ...}`` of a Lightning checkpoint (a file, or the
-    directory of a sharded one): its stored hyper-parameters and the training steps it
-    holds (memory-mapped, on CPU)."""
+def load_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """What the CLI reads of a Lightning checkpoint (a file, or the directory of a sharded
+    one; memory-mapped, on CPU): its stored ``hparams``, the training steps it holds
+    (``step``), its ``seed``, Lightning's ``global_step`` (optimizer steps) and the
+    training epochs it completed (``epochs_done``)."""
     if Path(path).is_dir():
         if not (Path(path) / SHARDED_METADATA).is_file():
             raise ValueError(f"a directory without {SHARDED_METADATA}, so not a sharded checkpoint")
@@ -68,7 +94,38 @@ def load_checkpoint_info(path: str) -> dict[str, Any]:
     hparams = dict(checkpoint.get("hyper_parameters", {}) or {})
     hparams.pop("_instantiator", None)
     state = checkpoint.get("lightning_adv", {}) or {}
-    return {"hparams": hparams, "step": int(state.get("rollout_step", checkpoint.get("global_step", 0)))}
+    global_step = int(checkpoint.get("global_step", 0))
+    # Lightning counts an epoch as processed before the hook that saves its last checkpoint.
+    progress = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
+    epochs_done = int((progress.get("current") or {}).get("processed", checkpoint.get("epoch", 0)))
+    return {"hparams": hparams, "step": int(state.get("rollout_step", global_step)),
+            "seed": state.get("seed"), "global_step": global_step, "epochs_done": epochs_done}
+
+
+def nothing_left_to_train(info: Mapping[str, Any], max_epochs: Optional[int], max_steps: int,
+                          steps_per_epoch: int) -> Optional[str]:
+    """Why resuming the checkpoint of ``info`` (:func:`load_checkpoint_info`) would train
+    nothing under this trainer config, and how to train on; None when steps are left.
+    ``steps_per_epoch``: training steps per epoch of this config."""
+    if max_steps not in (None, -1) and info["global_step"] >= max_steps:
+        return (f"nothing is left to train: the checkpoint holds {info['global_step']} optimizer "
+                f"steps and trainer.max_steps is {max_steps}; to train on, raise "
+                f"--trainer.max_steps (it counts optimizer steps). The checkpoint is left as it is")
+    if max_epochs in (None, -1):
+        return None
+    step, total = info["step"], steps_per_epoch * max_epochs
+    if info["epochs_done"] < max_epochs and step < total:
+        return None
+    more = "--trainer.max_epochs (each more epoch trains trainer.limit_train_batches steps)"
+    if info["epochs_done"] < max_epochs:
+        more += " or --trainer.limit_train_batches (the steps of its last epoch)"
+    # (a last.ckpt saved at the end of fit holds all of the epoch's steps before Lightning
+    # counts the epoch as done)
+    done = max(info["epochs_done"], step // steps_per_epoch if steps_per_epoch else 0)
+    return (f"nothing is left to train: the checkpoint holds {step} training steps "
+            f"({done} epoch(s) done) and this config trains {total} "
+            f"({max_epochs} epoch(s) of {steps_per_epoch} steps); to train on, raise {more}. "
+            f"The checkpoint is left as it is")
 
 
 def run_dir_of(ckpt_path: str) -> Optional[Path]:
@@ -124,3 +181,76 @@ def reconcile_checkpoint(checkpoint: dict[str, Any], own_state: Mapping[str, tor
             f"ckpt_path: the checkpoint's weights do not fit this config ({because}); "
             f"mismatched weights: {shown}. Resume with the settings the checkpoint was "
             f"trained with (its run's config.yaml)")
+
+
+# ---------------------------------------------------------------------- where a resumed run writes
+
+def last_logged_step(run_dir: Path) -> Optional[int]:
+    """The highest step of any TensorBoard summary in ``run_dir``'s own event files (its
+    subdirectories are other runs: ``eval/``); None without any."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = [event.step for path in sorted(run_dir.glob("events.out.tfevents.*"))
+             for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
+    return max(steps) if steps else None
+
+
+def checkpoint_steps(directory: Path) -> dict[str, int]:
+    """The training step of each readable checkpoint in ``directory``, by file name."""
+    steps = {}
+    for path in sorted(directory.glob("*.ckpt")):
+        try:
+            steps[path.name] = load_checkpoint_info(path)["step"]
+        except Exception:  # noqa: BLE001 -- not a checkpoint of ours: nothing we would replace
+            continue
+    return steps
+
+
+def replaced_by_continuing(run_dir: Path, step: int) -> list[str]:
+    """What a run resumed at training step ``step`` would replace if it went on in
+    ``run_dir``: checkpoints of later steps, a ``last.ckpt`` that is the only copy of its
+    step, and TensorBoard events from ``step`` on (``purge_step``)."""
+    found = []
+    steps = checkpoint_steps(run_dir / "checkpoints")
+    later = [name for name, s in steps.items() if s > step]
+    if later:
+        found.append(f"its checkpoints after step {step} ({', '.join(later)})")
+    last = steps.get("last.ckpt")
+    if last is not None and last <= step and not any(
+            s == last for name, s in steps.items() if name != "last.ckpt"):
+        found.append(f"last.ckpt, the only checkpoint of step {last}")
+    logged = last_logged_step(run_dir)
+    if logged is not None and logged >= step:
+        found.append(f"its TensorBoard steps {step}-{logged}")
+    return found
+
+
+@dataclass
+class ResumeTarget:
+    """Where a resumed ``fit`` writes (:func:`resume_target`)."""
+
+    in_place: bool
+    """continue in ``parent`` (TensorBoard purges from the step; checkpoints keep their names)"""
+    parent: Optional[Path]
+    """the checkpoint's run directory (None: the checkpoint lies outside a run directory)"""
+    reasons: list[str] = field(default_factory=list)
+    """why not in place: the settings that differ, what continuing would replace"""
+    replaced: list[str] = field(default_factory=list)
+    """what continuing in ``parent`` replaces (only with the explicit overwrite flag)"""
+
+
+def resume_target(ckpt: str, step: int, changed: list[tuple[str, Any, Any]],
+                  logger_dir: Optional[Path], overwrite: bool) -> ResumeTarget:
+    """Continue in the checkpoint's run directory, or start a new one. ``changed``: the
+    settings that differ from the checkpoint's (:func:`config_differences`);
+    ``logger_dir``: the TensorBoard logger's ``save_dir/name`` (None: no TensorBoard
+    logger, so a new directory anyway); ``overwrite``: continue in place whatever that
+    replaces (the user's explicit flag)."""
+    parent = run_dir_of(ckpt)
+    if parent is None or logger_dir is None or logger_dir.resolve() != parent.parent:
+        return ResumeTarget(False, parent)
+    replaced = replaced_by_continuing(parent, step)
+    if overwrite:
+        return ResumeTarget(True, parent, replaced=replaced)
+    reasons = ([f"its settings differ: {describe(changed)}"] if changed else []) + replaced
+    return ResumeTarget(not reasons, parent, reasons=reasons)

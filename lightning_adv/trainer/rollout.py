@@ -58,14 +58,17 @@ def generate_episodes(policy: torch.nn.Module, runtime: TaskRuntime, indices: Se
 @torch.no_grad()
 def rollout(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
             ppo: PPOConfig, max_new_tokens: int, gen: torch.Generator, *, hf: bool,
-            scorers: Sequence[Scorer] = ()) -> Groups:
+            scorers: Sequence[Scorer] = (),
+            sampler: Optional[torch.nn.Module] = None) -> Groups:
     """Sample and score ``ppo.n_samples`` episodes for each prompt index (the policy in
-    eval mode while sampling)."""
+    eval mode while sampling); ``sampler``: the module that samples instead of ``policy``
+    (``ppo.rollout_dtype``'s copy)."""
     policy.eval()
     # The value after an episode's last token is read only when it is used (make_batch
     # sets it to 0 unless ppo.bootstrap_truncated)
-    groups = generate_episodes(policy, runtime, indices, ppo.n_samples, max_new_tokens, ppo, gen,
-                               hf=hf, last_values=ppo.bootstrap_truncated)
+    groups = generate_episodes(policy if sampler is None else sampler, runtime, indices,
+                               ppo.n_samples, max_new_tokens, ppo, gen, hf=hf,
+                               last_values=ppo.bootstrap_truncated and not ppo.off_policy)
     policy.train()
     score(groups, runtime, scorers)
     return groups
@@ -113,15 +116,18 @@ def make_batch(groups: Groups, policy: torch.nn.Module, ref_policy: Optional[tor
                ) -> tuple[dict[str, Any], BatchMeta]:
     """The SPEC §1 batch: episodes, then values / ref_logp / prox_logp from model passes
     (over ``ppo.forward_batch_size`` rows at a time), and the optional keys the
-    advantage stages read (``recipe_inputs``)."""
-    batch, meta = build_batch(groups, multi_turn=multi_turn, process_rewards=process_rewards)
+    advantage stages read (``recipe_inputs``). Off-policy (``ppo.off_policy``) the batch
+    also holds the sampler's ``rollout_logprobs``, and the critic's values come from the
+    trained policy, not from the sampler's pass (an older or cast copy)."""
+    batch, meta = build_batch(groups, multi_turn=multi_turn, process_rewards=process_rewards,
+                              rollout_logprobs=ppo.off_policy)
     batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
     ids, attention = batch["input_ids"], batch["attention_mask"].float()
     next_real = torch.nn.functional.pad(attention[:, 1:], (0, 1))  # token t+1 exists
     sampled_values = batch.pop("values", None)
     # The sampler's cached pass already read every token: its values serve unless the
     # log-probs are recomputed anyway.
-    fresh_values = critic and (recompute_logprob or sampled_values is None)
+    fresh_values = critic and (recompute_logprob or sampled_values is None or ppo.off_policy)
     # A prompt's samples share its tokens (the reference reads them once)
     generated = batch["loss_mask"] > 0
     sizes = set(meta.traj_group_sizes)

@@ -240,10 +240,12 @@ def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> 
 
 
 def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
-                process_rewards: bool) -> tuple[dict[str, Any], BatchMeta]:
+                process_rewards: bool, rollout_logprobs: bool = False
+                ) -> tuple[dict[str, Any], BatchMeta]:
     """The SPEC §1 rollout batch (without model outputs) and its complete metadata: what
     :func:`~lightning_adv.batch.grouping.concat_batch` makes of one right-padded batch per prompt
-    group, built at once (one tensor per key)."""
+    group, built at once (one tensor per key); with ``rollout_logprobs`` also the sampler's
+    log-probs as sampled (token-aligned, like ``logprobs``)."""
     episodes = [ep for group in groups for ep in group]
     width = max(len(ep.tokens) for ep in episodes)
 
@@ -258,6 +260,8 @@ def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
         "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
         "is_truncated": torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
     }
+    if rollout_logprobs:
+        batch["rollout_logprobs"] = pad([ep.rollout_logprobs for ep in episodes], torch.float32, 0.0)
     if multi_turn:  # -1 off generated tokens
         batch["turn_ids"] = pad([[t if g else -1 for t, g in zip(ep.turn_ids, ep.generated)]
                                  for ep in episodes], torch.long, -1)

@@ -96,14 +96,18 @@ class TrainerPlan:
         actor, policy, ppo, task, prm = (configs[name] for name in
                                          ("actor", "policy", "ppo", "task", "prm"))
         check_trainer_options(actor, prm, configs["kl_controller"])
+        check_off_policy_options(actor, ppo)
         warn_unused_critic(actor, policy)
         hf = check_hf_options(policy, ppo, task)
+        evaluation = configs["evaluation"]
         runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, hf,
-                                                        actor.unscorable_rewards)
+                                                        actor.unscorable_rewards,
+                                                        held_out=2 * evaluation.num_prompts)
         # A dataset's every line (a missing prompt, one too long for the model) fails here,
         # before training; drawn tasks check the prompts of the first steps.
         runtime.check_prompts(None if task.dataset is not None else ppo.prompts_per_step)
         check_length_penalty(actor, runtime, max_new_tokens)
+        check_evaluation_sets(evaluation, runtime, ppo)
         check_rollout_shape(actor, ppo, task, runtime, world_size)
         scorers = resolve_scorers(prm)
         path = values.get("advantage_module") or DEFAULT_ADVANTAGE_MODULE
@@ -213,15 +217,17 @@ def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> 
 
 
 def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any,
-                 unscorable_rewards: str = "error") -> tuple[TaskRuntime, int, int]:
+                 unscorable_rewards: str = "error", held_out: int = 0
+                 ) -> tuple[TaskRuntime, int, int]:
     """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
     ``hf``), the tokens per policy turn and the built-in policy's sequence length; under
-    ``unscorable_rewards: exclude`` its reward may be None or NaN (unscorable). With a
+    ``unscorable_rewards: exclude`` its reward may be None or NaN (unscorable); a dataset
+    keeps its last ``held_out`` lines for evaluation unless ``task.num_prompts`` is set. With a
     HF policy every prompt must leave room in the context window for the episode: every
     turn's limit and the replies between (counted in the task's symbols; a chat
     template's framing is checked while sampling)."""
     runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None,
-                          unscorable_rewards=unscorable_rewards)
+                          unscorable_rewards=unscorable_rewards, held_out=held_out)
     max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
     if hf is not None:
         t = runtime.task
@@ -278,9 +284,27 @@ def check_trainer_options(actor: ActorConfig, prm: PRMConfig,
         # The call-time mode is used: check it against the actor now, not at step 1.
         check_process_mode("prm.advantage_shaping.mode", prm.advantage_shaping.mode, actor)
     if actor.use_decoupled_loss:
-        raise ValueError("actor.use_decoupled_loss: the built-in trainer is synchronous (behaviour "
-                         "and proximal policy are the same model), so the decoupled loss is not "
-                         "supported; set it to false")
+        raise ValueError("actor.use_decoupled_loss: the built-in trainer's decoupled loss is "
+                         "ppo.rollout_correction (bypass_mode: false, with "
+                         "actor.recompute_logprob: true): the IS weight pi_old/pi_rollout "
+                         "multiplies the policy term; set use_decoupled_loss to false")
+
+
+def check_off_policy_options(actor: ActorConfig, ppo: PPOConfig) -> None:
+    """Off-policy settings the trainer cannot honour, caught before training."""
+    correction = ppo.rollout_correction
+    if correction is None:
+        return
+    if not correction.bypass_mode and not actor.recompute_logprob:
+        raise ValueError("ppo.rollout_correction: decoupled mode (bypass_mode: false) weights "
+                         "pi_old/pi_rollout, so the old log-probs must be recomputed by the "
+                         "trained policy: set actor.recompute_logprob: true (or bypass_mode: "
+                         "true to take the rollout's log-probs as the old ones)")
+    if correction.bypass_mode and actor.recompute_logprob:
+        raise ValueError("actor.recompute_logprob: bypass mode (ppo.rollout_correction."
+                         "bypass_mode: true) takes the rollout's log-probs as the old ones; "
+                         "recomputed ones would replace them. Set it to false, or bypass_mode "
+                         "to false (decoupled mode)")
 
 
 #: built-in outcome stages whose baseline is the prompt group's (zero for one-member groups)
@@ -296,6 +320,27 @@ def group_settings(actor: ActorConfig) -> list[str]:
     if outcome is not None and outcome.implementation in GROUP_BASELINE_STAGES:
         found.append(f"actor.advantage.outcome_reward_shaping ({outcome.implementation!r})")
     return found
+
+
+def check_evaluation_sets(evaluation: EvalConfig, runtime: TaskRuntime, ppo: PPOConfig) -> None:
+    """A dataset (a fixed pool) must leave prompts for training and for both evaluation
+    sets (validation, then test) after them; a drawn task always can."""
+    pool, train, wanted = runtime.task.pool_size, runtime.num_prompts, evaluation.num_prompts
+    if pool is None:
+        return
+    if runtime.config.num_prompts is None and train < ppo.prompts_per_step:
+        raise ValueError(f"task.dataset: its {pool} prompts, less the 2 x evaluation.num_prompts "
+                         f"({2 * wanted}) held out for evaluation, leave {train} for training, "
+                         f"fewer than one step's ppo.prompts_per_step ({ppo.prompts_per_step}); "
+                         f"lower evaluation.num_prompts (0: no evaluation) or set task.num_prompts")
+    left = max(pool - train, 0)
+    if wanted and min(wanted, left - min(wanted, left)) == 0:
+        which = "the validation and test sets are" if left == 0 else "the test set is"
+        raise ValueError(f"task.num_prompts: the dataset's {pool} prompts leave {left} for "
+                         f"evaluation after the {train} training ones, so {which} empty; set "
+                         f"task.num_prompts: null (the last 2 x evaluation.num_prompts = "
+                         f"{2 * wanted} lines are held out) or at most {pool - 2} here, or "
+                         f"evaluation.num_prompts: 0 to train without evaluation")
 
 
 def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,

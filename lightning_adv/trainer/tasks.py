@@ -34,6 +34,9 @@ from lightning_adv.trainer.text_tasks import DatasetTask
 
 
 
+#: the training pool of a drawn task whose task.num_prompts is null
+DRAWN_PROMPTS = 100_000
+
 # ---------------------------------------------------------------------- configuration
 
 @dataclass(frozen=True)
@@ -49,14 +52,16 @@ class TaskConfig:
     """dotted path of fn(sample, **reward_kwargs) -> float replacing the task's own reward"""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments of the reward function"""
-    num_prompts: int = 100_000
-    """prompts in the pool (one epoch: num_prompts / ppo.prompts_per_step steps); prompt i is
-    drawn from (seed, i)"""
+    num_prompts: Optional[int] = None
+    """prompts in the training pool (one epoch: num_prompts / ppo.prompts_per_step steps);
+    prompt i is drawn from (seed, i). null: 100000 drawn prompts, or a dataset's lines but
+    the last 2 x evaluation.num_prompts, which it holds out for evaluation"""
     seed: int = 0
     """seed of the prompt pool (independent of the training seed)"""
     dataset: Optional[str] = None
     """JSON-lines prompt file (a 'prompt' per line plus the fields the reward reads); replaces
-    task.name and needs task.reward; the pool is its lines, in order (at most num_prompts)"""
+    task.name and needs task.reward; the training pool is its first num_prompts lines, the
+    evaluation sets the lines after them"""
     chat_template: Union[bool, Literal["auto"]] = "auto"
     """render prompts (and environment replies, as messages) through the tokenizer's chat
     template: auto (when it has one), true (it must have one) or false (plain text)"""
@@ -96,8 +101,9 @@ class TaskConfig:
         if self.reward is None and self.reward_kwargs:
             raise ValueError(f"task.reward_kwargs: given ({sorted(self.reward_kwargs)}) but "
                              f"task.reward is null; the built-in reward takes no kwargs")
-        for name in ("num_prompts", "seed"):
-            check_int(f"task.{name}", getattr(self, name), minimum=int(name == "num_prompts"))
+        if self.num_prompts is not None:
+            check_int("task.num_prompts", self.num_prompts)
+        check_int("task.seed", self.seed, minimum=0)
 
 
 class TaskRuntime:
@@ -114,11 +120,13 @@ class TaskRuntime:
 
     def __init__(self, config: TaskConfig, tokenizer: Any = None,
                  context_window: Optional[int] = None, episode_budget: int = 0,
-                 unscorable_rewards: str = "error"):
+                 unscorable_rewards: str = "error", held_out: int = 0):
         if unscorable_rewards not in UNSCORABLE_ACTIONS:
             raise ValueError(f"actor.unscorable_rewards: expected one of "
                              f"{', '.join(UNSCORABLE_ACTIONS)}, got {unscorable_rewards!r}")
         self.config = config
+        self.held_out = held_out
+        """the last lines a dataset keeps for evaluation when ``task.num_prompts`` is null"""
         self.unscorable_rewards = unscorable_rewards
         """``actor.unscorable_rewards``: under ``exclude`` a reward function may return None
         or NaN for a response it cannot score (:meth:`reward` gives NaN)"""
@@ -146,9 +154,12 @@ class TaskRuntime:
 
     @property
     def num_prompts(self) -> int:
-        """Prompts in the pool: ``task.num_prompts``, at most a dataset's records."""
-        pool = self.task.pool_size
-        return self.config.num_prompts if pool is None else min(pool, self.config.num_prompts)
+        """Prompts in the training pool: ``task.num_prompts`` (at most a dataset's records),
+        by default 100000 drawn ones or a dataset's records but the ``held_out`` last."""
+        pool, wanted = self.task.pool_size, self.config.num_prompts
+        if pool is None:
+            return DRAWN_PROMPTS if wanted is None else wanted
+        return max(pool - self.held_out, 0) if wanted is None else min(pool, wanted)
 
     def prompt_text(self, index: int) -> Any:
         """The task's prompt of instance ``index`` (before any chat template)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -90,16 +91,22 @@ def _check_messages(prompt: Any, where: str) -> None:
                          f"{{\"role\": str, \"content\": str}} messages, got {prompt!r:.200}")
 
 
+#: (file, its blank lines) already reported in this process
+_BLANK_LINES_SAID: set[tuple[str, tuple[int, ...]]] = set()
+
+
 def load_prompt_records(path: str | Path, key: str = "task.dataset") -> list[dict[str, Any]]:
     """The records of a JSON-lines prompt file, checked: every non-blank line is a JSON
-    object with a usable ``prompt``. Errors name the key, the file and the line."""
+    object with a usable ``prompt``. Errors name the key, the file and the line; blank
+    lines are skipped with a warning naming them (record ``i`` is then not line ``i + 1``)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{key}: no such file {str(path)!r}")
-    records = []
+    records, blank = [], []
     with path.open() as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
+                blank.append(number)
                 continue
             where = f"{key}: line {number} of {str(path)!r}"
             try:
@@ -120,6 +127,12 @@ def load_prompt_records(path: str | Path, key: str = "task.dataset") -> list[dic
             records.append(record)
     if not records:
         raise ValueError(f"{key}: {str(path)!r} holds no records")
+    said = (str(Path(path).resolve()), tuple(blank))
+    if blank and said not in _BLANK_LINES_SAID:  # the CLI reads a dataset twice: check, then run
+        _BLANK_LINES_SAID.add(said)
+        shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
+        warnings.warn(f"{key}: {str(path)!r} has {len(blank)} blank line(s) (line {shown}); they "
+                      f"are skipped, so prompt i of the pool is the i-th non-blank line", stacklevel=2)
     return records
 
 

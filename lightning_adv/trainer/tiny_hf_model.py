@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lightning_adv.trainer.hf_policy import no_progress_bars
+from lightning_adv.trainer.hf_policy import apply_umask, no_progress_bars
 
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -105,6 +105,7 @@ def make_tiny(out: str | Path, arch: str = "qwen2", vocab_size: int = 300, pad_t
     with no_progress_bars():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    apply_umask(out)
     return out
 
 

@@ -37,6 +37,9 @@ class UpdateHooks:
     """clips the gradients by global norm: ``(optimizer, max_norm)``"""
     record_loss: Callable[[dict[str, Tensor]], None]
     """receives each micro-batch's loss outputs (for the step's loss metrics)"""
+    record_offpolicy: Optional[Callable[[Tensor, Tensor, Tensor], None]] = None
+    """bypass mode: receives each micro-batch's (current log-probs, rollout log-probs,
+    loss mask), the mismatch the loss corrects"""
     strategy: Any = None
     """the trainer's strategy (None without a trainer): DDP's gradient sync is blocked
     through it"""
@@ -65,7 +68,7 @@ def ppo_update(policy: torch.nn.Module, loss_fn: PPOLoss, ppo: PPOConfig, critic
                 # DDP averages gradients at the last micro-batch's backward only
                 with gradient_sync(hooks.strategy, last=i == len(micro) - 1):
                     result = micro_batch_loss(policy, loss_fn, ppo, critic, batch, out, part,
-                                              lengths, counts)
+                                              lengths, counts, hooks.record_offpolicy)
                     hooks.backward(result["loss"])
                 hooks.record_loss(result)
             if ppo.max_grad_norm is not None:
@@ -83,8 +86,11 @@ def gradient_sync(strategy: Any, last: bool) -> Any:
 
 def micro_batch_loss(policy: torch.nn.Module, loss_fn: PPOLoss, ppo: PPOConfig, critic: bool,
                      batch: dict[str, Any], out: dict[str, Any], rows: Tensor, lengths: Tensor,
-                     counts: Any) -> dict[str, Tensor]:
-    """``loss_fn`` (:class:`~lightning_adv.PPOLoss`) on ``rows``, cut to their longest row."""
+                     counts: Any, record_offpolicy: Optional[Callable[..., None]] = None
+                     ) -> dict[str, Tensor]:
+    """``loss_fn`` (:class:`~lightning_adv.PPOLoss`) on ``rows``, cut to their longest row;
+    the off-policy tensors of ``out`` (``rollout_logprobs``, ``rollout_is_weights``,
+    ``rollout_rs_mask``, aligned) go with them."""
     width = int(lengths[rows].max())
     ids = batch["input_ids"][rows, :width]
 
@@ -106,6 +112,12 @@ def micro_batch_loss(policy: torch.nn.Module, loss_fn: PPOLoss, ppo: PPOConfig, 
     extra = {}
     if critic:
         extra = dict(values=values, old_values=cut(batch["values"]), returns=cut(out["returns"]))
+    if loss_fn.bypass_mode:  # the old log-probs are the rollout's: nothing more to pass
+        if record_offpolicy is not None:
+            record_offpolicy(logprobs.detach(), cut(out["logprobs"]), mask)
+    else:
+        extra.update({key: cut(out.get(key)) for key in
+                      ("rollout_logprobs", "rollout_is_weights", "rollout_rs_mask")})
     ref_logp = out.get("ref_logp") if ppo.kl_loss_coef > 0 else None
     return loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
                    ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **extra)
@@ -128,13 +140,33 @@ def loss_positions_pass(policy: CausalTransformer, ids: Tensor, active: Tensor, 
     return spread(logprobs), None if values is None else spread(values), spread(ent)
 
 
+#: PPOLoss arguments whose ppo config key has another name
+_LOSS_KEYS = {"kl_coef": "kl_loss_coef", "kl_estimator": "kl_loss_estimator"}
+
+
 def build_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
-    """The trainer's loss; Dr.GRPO's constant defaults to the episode's token budget."""
+    """The trainer's loss; Dr.GRPO's constant defaults to the episode's token budget. The
+    rollout correction goes to the loss in bypass mode (π_θ against π_rollout at every
+    call); in decoupled mode the trainer computes it once per step and passes it in.
+    Errors name the ``ppo`` key."""
     scale = ppo.loss_scale_factor
     if scale is None and ppo.loss_agg_mode == "seq-mean-token-sum-norm":
         scale = float(episode_budget)
-    return PPOLoss(clip_eps=ppo.clip_eps, clip_eps_high=ppo.clip_eps_high, dual_clip=ppo.dual_clip,
-                   loss_agg_mode=ppo.loss_agg_mode, kl_coef=ppo.kl_loss_coef,
-                   kl_estimator=ppo.kl_loss_estimator, entropy_coef=ppo.entropy_coef,
-                   value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps,
-                   ratio_level=ppo.ratio_level, loss_scale_factor=scale)
+    correction = ppo.rollout_correction
+    try:
+        return PPOLoss(
+            clip_eps=ppo.clip_eps, clip_eps_high=ppo.clip_eps_high, dual_clip=ppo.dual_clip,
+            loss_agg_mode=ppo.loss_agg_mode, kl_coef=ppo.kl_loss_coef,
+            kl_estimator=ppo.kl_loss_estimator, entropy_coef=ppo.entropy_coef,
+            value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps,
+            ratio_level=ppo.ratio_level, loss_scale_factor=scale, policy_loss=ppo.policy_loss,
+            policy_loss_kwargs=ppo.policy_loss_kwargs,
+            rollout_correction=correction if correction is not None and correction.bypass_mode else None,
+            rollout_kl_coef=ppo.rollout_kl_coef, rollout_kl_estimator=ppo.rollout_kl_estimator,
+            use_bias_correction_kl=ppo.use_bias_correction_kl)
+    except ValueError as exc:
+        name, sep, rest = str(exc).partition(":")
+        head, dot, tail = name.partition(".")
+        if not sep or " " in name:
+            raise
+        raise ValueError(f"ppo.{_LOSS_KEYS.get(head, head)}{dot}{tail}:{rest}") from None

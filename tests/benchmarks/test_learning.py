@@ -36,3 +36,23 @@ def test_learning_names_a_missing_config():
     run = subprocess.run([sys.executable, "benchmarks/learning.py", "--configs", "nope"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--configs: no configs/<name>.yaml for nope" in run.stderr
+
+
+def test_learning_over_seeds_gives_median_and_range(tmp_path):
+    page, plot = tmp_path / "seeds.md", tmp_path / "seeds.png"
+    args = ["--configs", "ppo", "--seeds", "1", "2", "--window", "2", "--plot", str(plot),
+            *[f"--override={a}" for a in SMALL]]
+    run = subprocess.run([sys.executable, "benchmarks/learning.py", *args, "--page", str(page)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = page.read_text()
+    for seed in (1, 2):
+        assert f"`fit --config configs/ppo.yaml --seed_everything={seed}`: " in text
+    cell = r"([\d.]+) \[([\d.]+)-([\d.]+)\]"
+    row = re.search(rf"^\| ppo\.yaml \| {cell} \| {cell} \| {cell} \| 3 \|$", text, re.M)
+    assert row, text
+    values = [float(v) for v in row.groups()]
+    for median, low, high in (values[0:3], values[3:6], values[6:9]):
+        assert low <= median <= high
+    assert values[1] < values[2], "the seeds' runs differ (each ran at its own seed)"
+    assert plot.stat().st_size > 0

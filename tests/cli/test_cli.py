@@ -179,19 +179,22 @@ def test_bad_task_function_output_is_a_clear_error(override, message, capsys, tm
     assert message in err and ("task.reward" in err or "task.name" in err), err
 
 
-def test_resume_continues_in_the_run_directory_and_reproduces_the_next_steps(tmp_path, capsys):
-    # 4 steps, a checkpoint every 2 (each step is 2 optimizer steps with these overrides);
-    # the override applies to the config's ModelCheckpoint.
+def test_resume_with_overwrite_run_continues_in_the_run_directory_and_reproduces_the_next_steps(
+        tmp_path, capsys):
+    # 4 steps, a checkpoint every 2 training steps; the override applies to the config's
+    # checkpoint callback.
     fit("turn_gae", tmp_path, "--trainer.limit_train_batches=4",
-        "--trainer.callbacks.every_n_train_steps=4")
+        "--trainer.callbacks.every_n_train_steps=2")
     run = tmp_path / "turn_gae" / "version_0"
     full = scalars(run)
-    ckpt = run / "checkpoints" / "epoch=0-step=4.ckpt"
+    ckpt = run / "checkpoints" / "epoch=0-step=2.ckpt"
     assert ckpt.is_file(), sorted(p.name for p in (run / "checkpoints").iterdir())
     capsys.readouterr()
+    # Steps 2-3 exist already: only the explicit flag continues in place, replacing them.
     fit("turn_gae", tmp_path, "--trainer.limit_train_batches=4",
-        "--trainer.callbacks.every_n_train_steps=4", f"--ckpt_path={ckpt}")
-    out = capsys.readouterr().out
+        "--trainer.callbacks.every_n_train_steps=2", f"--ckpt_path={ckpt}", "--overwrite_run=true")
+    out, err = capsys.readouterr()
+    assert "--overwrite_run: continuing in" in err and "epoch=0-step=4.ckpt" in err, err
     assert "resumed in" in out and str(run) in out, out
     assert not (tmp_path / "turn_gae" / "version_1").exists(), "a resumed run keeps its directory"
     resumed = scalars(run)
@@ -211,29 +214,32 @@ def test_resume_continues_in_the_run_directory_and_reproduces_the_next_steps(tmp
 
 def test_resume_trains_with_the_command_line_not_the_checkpoint(tmp_path, capsys):
     # Checkpoint after training step 0 of a run without a reference policy (kl_ctl 0) ...
-    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=2", "--model.actor.kl_ctl=0")
+    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=1", "--model.actor.kl_ctl=0")
     run = tmp_path / "ppo" / "version_0"
-    ckpt = run / "checkpoints" / "epoch=0-step=2.ckpt"
+    ckpt = run / "checkpoints" / "epoch=0-step=1.ckpt"
     capsys.readouterr()
     # ... resumed with another learning rate and a KL penalty (which needs the reference).
-    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=2", "--model.actor.kl_ctl=0.5",
+    fit("ppo", tmp_path, "--trainer.callbacks.every_n_train_steps=1", "--model.actor.kl_ctl=0.5",
         "--model.ppo.lr=0.05", f"--ckpt_path={ckpt}")
     err = capsys.readouterr().err
     assert "model.ppo.lr (0.0005 in the checkpoint, 0.05 now)" in err, err
     assert "model.actor.kl_ctl (0.0 in the checkpoint, 0.5 now)" in err, err
-    logged = scalars(run)
-    assert logged["train/kl_coef"] == {0: 0.0, 1: 0.5}
+    branch = tmp_path / "ppo" / "version_1"  # other settings: a new run directory
+    assert scalars(run)["train/kl_coef"] == {0: 0.0, 1: 0.0}, "the parent run is left as it was"
+    logged = scalars(branch)
+    assert logged["train/kl_coef"] == {1: 0.5}
     assert logged["train/kl_rewards"][1] != 0.0
-    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    last = torch.load(branch / "checkpoints" / "last.ckpt", weights_only=True)
     assert [g["lr"] for g in last["optimizer_states"][0]["param_groups"]] == [0.05]
-    saved = yaml.safe_load((run / "config-2.yaml").read_text())["model"]
+    saved = yaml.safe_load((branch / "config.yaml").read_text())["model"]
     assert saved["ppo"]["lr"] == 0.05 and saved["actor"]["kl_ctl"] == 0.5
 
 
 def test_resuming_a_different_network_is_refused_naming_the_keys(tmp_path, capsys):
     fit("grpo", tmp_path, "--trainer.limit_train_batches=1")
     ckpt = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
-    code, err = failed_fit("ppo", tmp_path, f"--ckpt_path={ckpt}", capsys)
+    # (a second epoch: the checkpoint's run finished its first)
+    code, err = failed_fit("ppo", tmp_path, (f"--ckpt_path={ckpt}", "--trainer.max_epochs=2"), capsys)
     assert code == 2
     assert "model.policy.value_head (False in the checkpoint, True now)" in err, err
     assert "value_head" in err and "ckpt_path" in err
@@ -322,6 +328,9 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, err[-2000:]
+    assert "`max_epochs=1` reached" not in out + err, "the run was interrupted, not finished"
+    for noise in ("Tip:", "LeafSpec", "weights_only"):  # dependency notes that say nothing to a user
+        assert noise not in out + err, noise
     command = next(line for line in out.splitlines() if "resume with:" in line).split("resume with: ")[1]
     args = shlex.split(command)
     assert args[:4] == ["python", "-m", "lightning_adv", "fit"]

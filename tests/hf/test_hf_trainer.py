@@ -126,12 +126,12 @@ def test_resume_reproduces_the_next_steps_exactly(tiny_lm, tmp_path, monkeypatch
     and sampling is seeded by (seed, step, rank): a resumed run repeats the full run."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     full.mkdir(), resumed.mkdir()
-    common = ["--trainer.limit_train_batches=4", "--trainer.callbacks.every_n_train_steps=4",
+    common = ["--trainer.limit_train_batches=4", "--trainer.callbacks.every_n_train_steps=2",
               "--model.advantage_module=tests.support.trainer_helpers.RecordingAdvantageModule"]
     monkeypatch.setenv("LIGHTNING_ADV_RECORD", str(full))
     hf_fit("hf_ppo", tmp_path, tiny_lm, *common)
     first = scalars(tmp_path / "hf_ppo" / "version_0")
-    ckpt = tmp_path / "hf_ppo" / "version_0" / "checkpoints" / "epoch=0-step=4.ckpt"
+    ckpt = tmp_path / "hf_ppo" / "version_0" / "checkpoints" / "epoch=0-step=2.ckpt"
     monkeypatch.setenv("LIGHTNING_ADV_RECORD", str(resumed))
     hf_fit("hf_ppo", tmp_path, tiny_lm, *common, f"--ckpt_path={ckpt}")
     for resumed_call, full_call in ((0, 2), (1, 3)):  # the resumed run starts at step 2
@@ -139,10 +139,12 @@ def test_resume_reproduces_the_next_steps_exactly(tiny_lm, tmp_path, monkeypatch
         b = torch.load(resumed / f"rank0_call{resumed_call}.pt", weights_only=True)
         for key in a:
             assert torch.equal(a[key], b[key]), (key, full_call)
-    # The resumed run continues in the same directory; its steps 2 and 3 replace the first's.
-    after = scalars(tmp_path / "hf_ppo" / "version_0")
+    # Steps 2 and 3 of the first run exist: the resumed run writes its own version_1
+    # (the first is left as it was), and logs the first run's steps 2 and 3 again.
+    assert scalars(tmp_path / "hf_ppo" / "version_0") == first
+    after = scalars(tmp_path / "hf_ppo" / "version_1")
     for tag in ("train/policy_loss", "train/value_loss", "train/kl_rewards"):
-        assert after[tag] == first[tag] and sorted(after[tag]) == [0, 1, 2, 3], tag
+        assert after[tag] == {s: first[tag][s] for s in (2, 3)}, tag
 
 
 def test_bf16_mixed_precision_and_bf16_weights_on_cpu(tiny_lm, tmp_path):
@@ -216,7 +218,7 @@ def test_bad_hf_input_stops_before_training_naming_the_key(config, override, cod
     if "LONG" in override:
         long = tmp_path / "long.jsonl"
         long.write_text('{"prompt": "ab", "answer": "ba"}\n{"prompt": "%s", "answer": "x"}\n'
-                        % ("a" * 600))
+                        % ("a" * 600) + '{"prompt": "ab", "answer": "ba"}\n' * 20)  # 16 held out
         override = override.replace("LONG", str(long))
     if "BROKEN" in override:  # a model directory whose config.json is not JSON
         broken = tmp_path / "broken"

@@ -40,7 +40,9 @@ def reference(cfg: dict, logprobs, old_logprobs, advantages, loss_mask, ref_logp
             return sum(sums[b] for b in nonempty) / max(len(nonempty), 1)
         if mode == "seq-mean-token-mean":
             return sum(sums[b] / counts[b] for b in nonempty) / max(len(nonempty), 1)
-        return sum(sums) / cfg["loss_scale_factor"]
+        if mode == "token-sum":
+            return sum(sums)
+        return sum(sums) / max(len(nonempty), 1) / cfg["loss_scale_factor"]
 
     def mean(per_token):
         n = sum(len(active(b)) for b in rows)
@@ -172,8 +174,9 @@ def test_aggregation_modes_by_hand():
     adv = -torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)
     lp = torch.zeros_like(adv)
-    want = {"token-mean": 6 / 3, "seq-mean-token-sum": (3 + 3) / 2,
-            "seq-mean-token-mean": (1.5 + 3) / 2, "seq-mean-token-sum-norm": 6 / 4}
+    want = {"token-mean": 6 / 3, "token-sum": 6, "seq-mean-token-sum": (3 + 3) / 2,
+            "seq-mean-token-mean": (1.5 + 3) / 2,
+            "seq-mean-token-sum-norm": 6 / 2 / 4}  # / (non-empty sequences * the constant)
     for mode, value in want.items():
         loss = PPOLoss(loss_agg_mode=mode, loss_scale_factor=4.0 if "norm" in mode else None)
         assert loss(lp, lp, adv, mask)["loss"].item() == pytest.approx(value, abs=1e-12), mode
@@ -185,8 +188,8 @@ def test_aggregation_modes_by_hand():
     ("k3", -30.0, 10.0),  # exp(20) - 21 clamped to 10
 ])
 def test_kl_estimators_by_hand(estimator, d, want):
-    lp = torch.tensor([[d, 0.0]], dtype=torch.float64)
-    ref = torch.zeros_like(lp)
+    lp = torch.tensor([[d - 31.0, 0.0]], dtype=torch.float64)  # log-probs <= 0, d apart
+    ref = torch.full_like(lp, -31.0)
     assert kl_estimate(lp, ref, estimator)[0, 0].item() == pytest.approx(want, abs=1e-12)
     out = PPOLoss(kl_coef=0.5, kl_estimator=estimator)(
         lp, lp, torch.zeros_like(lp), torch.tensor([[1.0, 0.0]]), ref_logprobs=ref)
@@ -541,14 +544,15 @@ def test_bfloat16_log_probs_count_tokens_exactly():
 @given(seed=st.integers(0, 10_000), tokens=st.integers(1, 5))
 def test_modes_agree_when_every_sequence_has_the_same_tokens(seed, tokens):
     """n tokens in each of B rows: token-mean = seq-mean-token-mean = seq-mean-token-sum / n
-    = seq-mean-token-sum-norm with the constant B * n."""
+    = seq-mean-token-sum-norm with the constant n = token-sum / (B * n)."""
     data = random_inputs(seed, rows=4, width=6)
     mask = torch.zeros(4, 6, dtype=torch.float64)
     for b in range(4):
         mask[b, torch.randperm(6, generator=torch.Generator().manual_seed(seed + b))[:tokens]] = 1
     data["loss_mask"] = mask
-    losses = {mode: call(PPOLoss(**full_config(mode, loss_scale_factor=4.0 * tokens)), data)["loss"].item()
+    losses = {mode: call(PPOLoss(**full_config(mode, loss_scale_factor=float(tokens))), data)["loss"].item()
               for mode in LOSS_AGG_MODES}
     assert losses["seq-mean-token-mean"] == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
     assert losses["seq-mean-token-sum"] / tokens == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
     assert losses["seq-mean-token-sum-norm"] == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)
+    assert losses["token-sum"] / (4 * tokens) == pytest.approx(losses["token-mean"], rel=1e-10, abs=1e-12)

@@ -130,6 +130,8 @@ def test_loss_diagnostics_are_weighted_by_tokens():
     g = torch.Generator().manual_seed(0)
     data = {k: torch.randn(6, 5, generator=g, dtype=torch.float64) for k in
             ("logprobs", "old", "adv", "ref", "values", "returns", "entropy")}
+    for key in ("logprobs", "old", "ref"):  # log-probs are <= 0 (PPOLoss checks old_logprobs)
+        data[key] = -data[key].abs()
     mask = (torch.rand(6, 5, generator=g) < 0.5).double()
     mask[:2] = 1  # the first minibatch has many more tokens
     loss = PPOLoss(kl_coef=0.1, entropy_coef=0.01, dual_clip=2.0)
@@ -145,7 +147,7 @@ def test_loss_diagnostics_are_weighted_by_tokens():
     whole = run(slice(0, 6))
     got = metric.compute()
     for key in ("policy_loss", "value_loss", "kl_loss", "entropy", "approx_kl", "clipfrac",
-                "dual_clipfrac"):
+                "clipfrac_high", "clipfrac_low", "dual_clipfrac"):
         assert got[f"train/{key}"].item() == pytest.approx(whole[key].item(), rel=1e-6), key
     assert "train/total_rewards" not in got
 

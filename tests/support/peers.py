@@ -1,11 +1,17 @@
-"""The peers' released code, pinned: a test that claims equality with verl, TRL or
-another framework imports the installed package through :func:`peer_module`, which
-checks the sha256 of the source file the test relies on, so a different release fails
-the test with a message instead of silently comparing against other code.
+"""The peer frameworks' released code, for the tests that compare with it.
 
-Tests that need a peer are marked ``@pytest.mark.peers``. When the peer is not
-installed they are skipped (with the install command as the reason), or fail when the
-environment variable ``LIGHTNING_ADV_REQUIRE_PEERS=1`` is set (CI sets it).
+A test that claims to match verl, TRL or another framework runs *their* installed
+package, never a formula re-typed from their documentation. :func:`peer_module` imports
+one of their modules and checks the sha256 of its source file against the pinned one, so
+a different release (or a patched file) fails with a message naming the file, instead of
+comparing against code nobody reviewed::
+
+    core_algos = peer_module(*VERL_CORE_ALGOS)
+    core_algos = peer_module("verl.trainer.ppo.core_algos", sha256="a54b...")
+
+Tests that need a peer are marked ``@pytest.mark.peers``. When the peer is not importable
+they skip, with the install command as the reason, unless the environment variable
+``LIGHTNING_ADV_REQUIRE_PEERS=1`` is set (CI sets it), in which case they fail.
 
 Peers that cannot be installed here (code at a pinned commit of a repository, or a
 wheel that does not import on this Python) are not imported at all: a script of ours
@@ -26,47 +32,66 @@ from typing import Any, Optional
 
 import pytest
 
-#: How CI installs the peers (the pins are in constraints.txt).
+#: Set to 1 (CI does) and a missing peer is a failure, not a skip.
+REQUIRE_ENV = "LIGHTNING_ADV_REQUIRE_PEERS"
+
+#: How to install each peer, as .ci/run does (pins in constraints.txt). verl 0.9.1 pins
+#: transformers < 5.11, so it is installed without its dependencies and the few its
+#: imported modules need are installed beside it.
 INSTALL = {
-    "verl": "pip install -c constraints.txt --no-deps verl==0.9.1 (plus ray, tensordict, "
-            "omegaconf, codetiming, orjson)",
+    "verl": ("pip install -c constraints.txt --no-deps verl==0.9.1 && pip install -c "
+             "constraints.txt ray tensordict omegaconf codetiming orjson"),
     "trl": "pip install -c constraints.txt trl==1.16.0",
 }
 DATA = Path(__file__).resolve().parents[1] / "data"
 
+#: The released files the tests read, with their sha256 (verl 0.9.1, TRL 1.16.0).
+VERL_CORE_ALGOS = ("verl.trainer.ppo.core_algos",
+                   "a54b6d812db4441e8b0989ae69d2c46b0a0a7b584296f73d8316f264462c37cb")
+VERL_ROLLOUT_CORR = ("verl.trainer.ppo.rollout_corr_helper",
+                     "763158342551bc4077805a8a009d959a7a2043c4d43b772fe6045f4a40932f3e")
+VERL_TORCH_FUNCTIONAL = ("verl.utils.torch_functional",
+                         "9855e101c19b64c90d1f07bf47ce3e628751afe979b40d2b863ae6d16aa4cee1")
+TRL_GRPO_TRAINER = ("trl.trainer.grpo_trainer",
+                    "1c3dc2253fb3653269c11dfce4f946f74201a4cb63e0887a37e8e3bb4a3f5503")
+
 
 def peers_required() -> bool:
-    return os.environ.get("LIGHTNING_ADV_REQUIRE_PEERS") == "1"
+    return os.environ.get(REQUIRE_ENV) == "1"
 
 
-def sha256_of(path: str | Path) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def peer_module(name: str, sha256: str, install: Optional[str] = None) -> ModuleType:
-    """The installed module ``name`` whose source file has the given sha256.
+sha256_of = file_sha256
 
-    Skips the calling test when the peer's package is not importable (fails instead
-    under ``LIGHTNING_ADV_REQUIRE_PEERS=1``); fails, naming both hashes and the file,
-    when the installed file is not the pinned one.
-    """
-    package = name.split(".")[0]
-    how = install or INSTALL.get(package, f"pip install {package}")
+
+def peer_module(name: str, sha256: str, install: Optional[str] = None) -> ModuleType:
+    """Import the peer module ``name`` and check that its source file is the pinned one.
+
+    Skips (or, with ``LIGHTNING_ADV_REQUIRE_PEERS=1``, fails) when the peer is not
+    importable; fails when the file's sha256 differs from ``sha256``. ``install``: the
+    install command given as the reason (default: the peer's in :data:`INSTALL`)."""
+    top = name.split(".")[0]
+    how = install or INSTALL.get(top, f"pip install {top}")
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
-        message = f"peer {name!r} is not importable ({exc}); install it: {how}"
+        reason = f"peer {top!r} is not importable ({name}: {exc}); install it with: {how}"
         if peers_required():
-            pytest.fail(f"{message} (LIGHTNING_ADV_REQUIRE_PEERS=1)")
-        pytest.skip(message)
-    source = getattr(module, "__file__", None)
-    if source is None:
-        pytest.fail(f"peer {name!r} has no source file to check against the pinned sha256")
-    actual = sha256_of(source)
-    if actual != sha256:
-        pytest.fail(f"peer {name!r}: {source} has sha256 {actual}, but the test was written "
-                    f"against the file with sha256 {sha256}; install the pinned release ({how}) "
-                    f"or re-check the test against the new code and update the pin")
+            pytest.fail(f"{reason} ({REQUIRE_ENV}=1: peers are required)", pytrace=False)
+        pytest.skip(reason)
+    path = getattr(module, "__file__", None)
+    if path is None:
+        pytest.fail(f"peer module {name} has no source file to check", pytrace=False)
+    digest = file_sha256(path)
+    if digest != sha256:
+        version = getattr(importlib.import_module(top), "__version__", "unknown version")
+        pytest.fail(f"peer module {name}: {path} has sha256 {digest}, but the tests compare "
+                    f"with the file of sha256 {sha256}; {top} {version} is installed, not the "
+                    f"pinned release ({how}); re-check the test against the new code before "
+                    f"updating the pin", pytrace=False)
     return module
 
 

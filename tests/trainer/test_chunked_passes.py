@@ -188,8 +188,8 @@ def test_update_micro_batches_accumulate_the_minibatch_gradient(tiny_lm, agg):
         batch, meta = module.make_batch(groups)
         out = dict(module.advantage(batch, meta))
         g = torch.Generator().manual_seed(1)  # off-policy old log-probs: the clips bind
-        out["logprobs"] = out["logprobs"] + 0.3 * torch.randn(
-            out["logprobs"].shape, generator=g) * out["loss_mask"]
+        out["logprobs"] = (out["logprobs"] + 0.3 * torch.randn(
+            out["logprobs"].shape, generator=g) * out["loss_mask"]).clamp(max=0.0)
         module.update(batch, out, torch.Generator().manual_seed(5))
         runs[size] = (module.recording.steps, module.adv_metrics.compute())
     (steps, metrics) = runs[None]

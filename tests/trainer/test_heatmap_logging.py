@@ -54,7 +54,9 @@ def test_a_short_multi_turn_critic_fit_logs_the_heatmaps_of_training_and_validat
                               "val/advantage_heatmap", "val/advantage_heatmap_raw"]
     assert [step for step, _ in logged["train/advantage_heatmap"]] == [0, 2]
     assert [step for step, _ in logged["train/advantage_heatmap_raw"]] == [0, 2]
-    assert [step for step, _ in logged["val/advantage_heatmap"]] == [3]  # after the last step
+    # at the step of the validation's scalars (the last training step's): a run resumed
+    # after it has no TensorBoard event past its checkpoint's step
+    assert [step for step, _ in logged["val/advantage_heatmap"]] == [2]
     for tag, entries in logged.items():
         for step, image in entries:
             assert image.shape[0] > 200 and image.shape[1] > 300, (tag, step, image.shape)
@@ -120,7 +122,7 @@ def test_under_ddp_every_rank_scores_the_validation_heatmap_and_rank_0_draws(tmp
     logged, _ = images(tmp_path / "turn_gae" / "version_0")
     assert {tag: [s for s, _ in entries] for tag, entries in logged.items()} == {
         "train/advantage_heatmap": [0, 1], "train/advantage_heatmap_raw": [0, 1],
-        "val/advantage_heatmap": [2], "val/advantage_heatmap_raw": [2]}
+        "val/advantage_heatmap": [1], "val/advantage_heatmap_raw": [1]}  # the val scalars' step
     # Both ranks ran the validation's advantage call (a collective under DDP): two training
     # steps, then two prompt groups of the greedy response and 4 samples.
     for rank in (0, 1):

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
+from lightning_adv.trainer.evaluation import EvalConfig
 from lightning_adv.trainer.sampling import build_batch, generate, score
 from lightning_adv.trainer.tasks import Sample, TaskRuntime, Turn
 from lightning_adv.exceptions import TaskError
@@ -108,8 +110,9 @@ def test_dataset_task_trains_the_built_in_policy(tmp_path):
     assert groups[1][0].sample.instance == load_prompt_records(path)[3]
     module = PPOModule(task=task, ppo=PPOConfig(prompts_per_step=2, n_samples=2, minibatches=1,
                                                 epochs=1), policy=PolicyConfig(value_head=False),
-                       seed=0)
-    assert module.runtime.num_prompts == 8 and len(module.runtime.vocab) == len(runtime.vocab)
+                       evaluation=EvalConfig(num_prompts=2), seed=0)
+    # the last 2 x evaluation.num_prompts lines are held out for validation and test
+    assert module.runtime.num_prompts == 4 and len(module.runtime.vocab) == len(runtime.vocab)
 
 
 def _policy(runtime):
@@ -130,3 +133,15 @@ def test_script_writes_the_shipped_dataset():
     records = load_prompt_records(shipped)
     assert len(records) == 2000
     assert all(r["answer"] == r["prompt"].removeprefix("Reverse: ")[::-1] for r in records)
+
+
+def test_a_blank_line_in_a_dataset_is_reported_naming_it(tmp_path):
+    path = write(tmp_path / "d.jsonl", [{"prompt": "ab"}, "", {"prompt": "cd"}, "  "])
+    with pytest.warns(UserWarning, match=r"task.dataset: .* has 2 blank line\(s\) \(line 2, 4\); "
+                                         r"they are skipped, so prompt i of the pool is the i-th "
+                                         r"non-blank line"):
+        records = load_prompt_records(path)
+    assert [r["prompt"] for r in records] == ["ab", "cd"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the CLI reads the file twice (check, then run)
+        assert load_prompt_records(path) == records

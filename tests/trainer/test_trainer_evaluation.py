@@ -90,9 +90,10 @@ def test_validate_test_and_predict_subcommands(tmp_path):
     main(["validate", *common])
     main(["test", *common])
     main(["predict", *common])
-    assert {"val/pass@1", "val/reward_greedy"} <= set(scalars(tmp_path / "ppo" / "version_1"))
-    assert "test/pass@4" in scalars(tmp_path / "ppo" / "version_2")
-    lines = (tmp_path / "ppo" / "version_3" / "predictions.jsonl").read_text().splitlines()
+    evaluations = tmp_path / "ppo" / "version_0" / "eval"  # inside the run they evaluate
+    assert {"val/pass@1", "val/reward_greedy"} <= set(scalars(evaluations / "validate_0"))
+    assert "test/pass@4" in scalars(evaluations / "test_0")
+    lines = (evaluations / "predict_0" / "predictions.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) == 8 * (1 + 4)  # per prompt: the greedy response and 4 samples
     assert {r["prompt_index"] for r in records} == set(range(100_008, 100_016))  # the test set

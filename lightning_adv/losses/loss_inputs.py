@@ -1,0 +1,134 @@
+"""The checks of :class:`~lightning_adv.PPOLoss`'s settings and inputs: one clear error
+naming the argument, what was expected and what was given, before any arithmetic."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_adv._checks import check_bool, check_choice, check_number, fail
+from lightning_adv.config.nested import nested_config
+from lightning_adv.exceptions import IgnoredSettingWarning
+from lightning_adv.losses.aggregation import LOSS_AGG_MODES
+from lightning_adv.losses.policy_loss_registry import PolicyLossSpec, resolve_policy_loss
+from lightning_adv.losses.rollout_correction import LOGP_TOLERANCE, RolloutCorrectionConfig
+from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
+
+RATIO_LEVELS = ("token", "sequence")
+
+
+def check_clip_settings(clip_eps: Any, clip_eps_high: Any, dual_clip: Any) -> None:
+    check_number("clip_eps", clip_eps, positive=True)
+    if clip_eps_high is not None:
+        check_number("clip_eps_high", clip_eps_high, positive=True)
+    if dual_clip is not None:
+        check_number("dual_clip", dual_clip)
+        if dual_clip <= 1:
+            fail("dual_clip", "a number > 1 (the bound -A * c must exceed the clipped loss) "
+                 "or None", dual_clip)
+
+
+def check_coefficients(kl_coef: Any, kl_estimator: Any, entropy_coef: Any, value_coef: Any,
+                       value_clip_eps: Any, rollout_kl_coef: Any, rollout_kl_estimator: Any,
+                       use_bias_correction_kl: Any) -> None:
+    if isinstance(kl_coef, nn.Module):
+        if not hasattr(kl_coef, "value"):
+            fail("kl_coef", "a number >= 0 or a KL controller (with a 'value')", kl_coef)
+    else:
+        check_number("kl_coef", kl_coef, minimum=0.0)
+    check_choice("kl_estimator", kl_estimator, LOSS_KL_ESTIMATORS)
+    check_number("entropy_coef", entropy_coef, minimum=0.0)
+    check_number("value_coef", value_coef, minimum=0.0)
+    if value_clip_eps is not None:
+        check_number("value_clip_eps", value_clip_eps, positive=True)
+    check_number("rollout_kl_coef", rollout_kl_coef, minimum=0.0)
+    check_choice("rollout_kl_estimator", rollout_kl_estimator, LOSS_KL_ESTIMATORS)
+    check_bool("use_bias_correction_kl", use_bias_correction_kl)
+
+
+def resolve_loss_settings(policy_loss: Any, policy_loss_kwargs: Any, loss_agg_mode: Any,
+                          loss_scale_factor: Any, ratio_level: Any, dual_clip: Any,
+                          rollout_correction: Any) -> tuple[PolicyLossSpec, str,
+                                                            Optional[RolloutCorrectionConfig]]:
+    """The policy loss, the aggregation it uses and the rollout correction config;
+    combinations that would ignore a setting or apply a correction twice are refused."""
+    spec = resolve_policy_loss(policy_loss, policy_loss_kwargs)
+    if loss_agg_mode is not None:
+        check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    mode = loss_agg_mode or "token-mean"
+    if spec.loss_agg_mode is not None:
+        if loss_agg_mode is not None and loss_agg_mode != spec.loss_agg_mode:
+            warnings.warn(f"loss_agg_mode: {loss_agg_mode!r} is ignored: policy loss "
+                          f"{spec.name!r} aggregates its own way (as verl's does)",
+                          IgnoredSettingWarning, stacklevel=4)
+        mode = spec.loss_agg_mode
+    if mode == "seq-mean-token-sum-norm" and loss_scale_factor is None:
+        fail("loss_scale_factor", "a positive number with loss_agg_mode "
+             "'seq-mean-token-sum-norm' (Dr.GRPO's constant, e.g. the token budget of a "
+             "response)", loss_scale_factor)
+    if loss_scale_factor is not None:
+        check_number("loss_scale_factor", loss_scale_factor, positive=True)
+    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+    if ratio_level != "token" and spec.name != "vanilla":
+        fail("ratio_level", f"'token' with policy_loss {spec.name!r} (the sequence ratio is "
+             f"vanilla's option; gspo is verl's sequence-level loss)", ratio_level)
+    if dual_clip is not None and not spec.reads_dual_clip:
+        fail("dual_clip", f"None with policy_loss {spec.name!r}, which does not use it "
+             f"(vanilla, dppo_tv and dppo_kl do)", dual_clip)
+    correction = None
+    if rollout_correction is not None:
+        correction = nested_config(RolloutCorrectionConfig, "rollout_correction",
+                                   rollout_correction)
+        if not isinstance(correction, RolloutCorrectionConfig):
+            fail("rollout_correction", "None, a RolloutCorrectionConfig or a mapping of its "
+                 "keys", rollout_correction)
+        if correction.bypass_mode and spec.name != "vanilla":
+            fail("policy_loss", "'vanilla' with rollout_correction.bypass_mode (bypass mode "
+                 "computes verl's ppo_clip or reinforce loss)", spec.name)
+    return spec, mode, correction
+
+
+def check_tensor(name: str, tensor: Any, like: Tensor, *, floating: bool = True) -> None:
+    if not isinstance(tensor, Tensor):
+        fail(f"PPOLoss {name}", "a tensor", type(tensor).__name__)
+    if tensor.shape != like.shape:
+        fail(f"PPOLoss {name}", f"shape {tuple(like.shape)} (that of logprobs)", tuple(tensor.shape))
+    if tensor.device != like.device:
+        fail(f"PPOLoss {name}", f"device {like.device} (that of logprobs)", tensor.device)
+    if floating and not tensor.is_floating_point():
+        fail(f"PPOLoss {name}", "a floating-point tensor", tensor.dtype)
+
+
+def check_forward_inputs(logprobs: Tensor, named: Mapping[str, Optional[Tensor]],
+                         loss_mask: Tensor, needs: list[tuple[str, Optional[Tensor], bool, str]]
+                         ) -> None:
+    """Shapes, dtypes, devices, the 0/1 masks, log-probs <= 0 where read, weights >= 0,
+    and the inputs each option needs (``needs``: name, tensor, needed, reason)."""
+    if not isinstance(logprobs, Tensor) or logprobs.ndim != 2 or not logprobs.is_floating_point():
+        fail("PPOLoss logprobs", "a floating [B, T] tensor",
+             getattr(logprobs, "shape", type(logprobs).__name__))
+    for name, tensor in named.items():
+        if tensor is not None:
+            check_tensor(name, tensor, logprobs, floating=name not in ("loss_mask", "rollout_rs_mask"))
+    for name in ("loss_mask", "rollout_rs_mask"):
+        mask = named.get(name)
+        if mask is not None and mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+            bad = mask[(mask != 0) & (mask != 1)].unique()[:5].tolist()
+            fail(f"PPOLoss {name}", "only 0 and 1", f"values {bad}")
+    active = loss_mask > 0
+    for name in ("old_logprobs", "rollout_logprobs"):
+        tensor = named.get(name)
+        if tensor is not None and bool((active & ~(tensor.detach() <= LOGP_TOLERANCE)).any()):
+            fail(f"PPOLoss {name}", "log-probs (<= 0, not NaN) at the loss mask's tokens "
+                 "(probabilities or logits passed?)", "values above 0 or NaN")
+    weights = named.get("rollout_is_weights")
+    if weights is not None and bool((active & ~((weights >= 0) & torch.isfinite(weights))).any()):
+        fail("PPOLoss rollout_is_weights", "finite weights >= 0 at the loss mask's tokens",
+             "negative or non-finite values")
+    for name, tensor, needed, reason in needs:
+        if needed and tensor is None:
+            raise ValueError(f"PPOLoss {name}: required with {reason}, got None")
