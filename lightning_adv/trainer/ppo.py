@@ -20,8 +20,8 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
    controller takes the step's KL.
 
 Every random draw of a step comes from generators seeded by (seed, step, rank) (the
-prompt order by (seed, epoch), the initial weights by the seed), so a
-resumed run reproduces the next step exactly.
+prompt order by (seed, epoch), the initial weights by the seed), so a resumed run
+reproduces the next step exactly.
 
 This module holds the LightningModule's hooks; the parts live beside it: the config
 sections (:mod:`~lightning_adv.trainer.config`), the setup checks (one
@@ -57,13 +57,12 @@ from lightning_adv.trainer.resume import reconcile_checkpoint
 import lightning_adv.trainer.rollout as rollouts
 from lightning_adv.trainer.sample_log import SampleLogConfig, samples_markdown
 from lightning_adv.trainer.setup import TrainerPlan
-# (importing it registers --trainer.strategy=fsdp2 with Lightning)
-from lightning_adv.trainer.sharding import configure_sharding
+from lightning_adv.trainer.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
 from lightning_adv.trainer.tasks import TaskConfig
 from lightning_adv.trainer.update import UpdateHooks, ppo_update
 
 
-class PPOModule(pl.LightningModule):
+class PPOModule(ShardingHooks, pl.LightningModule):
     """PPO-family trainer of a tiny causal transformer on a built-in (or your) task.
 
     Args:
@@ -172,13 +171,6 @@ class PPOModule(pl.LightningModule):
             group["lr"] = self.ppo_config.lr
             group["weight_decay"] = self.ppo_config.weight_decay
 
-    def configure_model(self) -> None:
-        """Under ``--trainer.strategy=fsdp2`` shard the Hugging Face policy, its critic and
-        the reference policy (:mod:`~lightning_adv.trainer.sharding`); otherwise nothing."""
-        if self._trainer is not None:
-            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy,
-                               hf=self.hf_tokenizer is not None)
-
     def on_fit_start(self) -> None:
         if self.hf_tokenizer is not None:
             from lightning_adv.trainer.hf_policy import check_device_dtype
@@ -211,8 +203,7 @@ class PPOModule(pl.LightningModule):
             save_trained_policy(self.trainer, self.policy, self.hf_tokenizer, directory)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "state_dict" in checkpoint:  # (a sharded checkpoint's weights are loaded already)
-            reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
+        reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
         self.rollout_queue.restore(state.get("rollout_queue"))
@@ -294,11 +285,9 @@ class PPOModule(pl.LightningModule):
         if entry is not None:  # (None: the off-policy queue is still filling)
             out = self.advantage(rollout, meta, prm=self.prm_shaping,
                                  kl_coef=self.kl_controller.value)
-            if corrected is not None:
-                out.update(corrected.loss_inputs())
+            out.update(corrected.loss_inputs() if corrected is not None else {})
             self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
-            # the rewards reported are those of the current policy's (fresh) samples
-            self.log_step(rollout, out, meta, entry.groups, fresh.sampled)
+            self.log_step(rollout, out, meta, entry.groups, fresh.sampled)  # fresh rewards
             self._update_kl_controller(out)
         self.rollout_step += 1
         if self._loader is not None:
@@ -316,9 +305,7 @@ class PPOModule(pl.LightningModule):
             self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
                      on_epoch=False, batch_size=len(baselines), sync_dist=True)
         fresh = QueuedRollout(groups, sampled, baselines, version=step)
-        if not self.ppo_config.off_policy_steps:
-            return fresh, fresh
-        ready = self.rollout_queue.exchange(fresh)
+        ready = self.rollout_queue.exchange(fresh)  # (off_policy_steps 0: fresh itself)
         if ready is None:  # (log_step's arguments: Lightning refuses others for one key)
             self.log("train/task_reward", mean_task_reward(sampled), prog_bar=True, on_step=True,
                      on_epoch=False, batch_size=sum(map(len, sampled)))
@@ -407,7 +394,5 @@ class PPOModule(pl.LightningModule):
     @torch.no_grad()
     def _update_kl_controller(self, out: dict[str, Any]) -> None:
         """Feed the controller the step's KL to the reference (:func:`episode_kl`)."""
-        if self.kl_controller_config.type == "fixed" or out.get("ref_logp") is None:
-            return
-        kl, episodes = episode_kl(out)
-        self.kl_controller.update(kl, n_steps=episodes)
+        if self.kl_controller_config.type != "fixed" and out.get("ref_logp") is not None:
+            self.kl_controller.update(*episode_kl(out))  # (kl, episodes)

@@ -150,7 +150,12 @@ def reconcile_checkpoint(checkpoint: dict[str, Any], own_state: Mapping[str, tor
     - The KL coefficient follows the config: a fixed controller takes ``actor.kl_ctl``; an
       adaptive one keeps its trained value unless ``actor.kl_ctl`` (its start) changed.
     - Any other difference in the weights is refused, naming the settings that differ.
+
+    A sharded checkpoint (``--trainer.strategy=fsdp2``) has no ``state_dict``: its weights
+    are loaded into the shards already, by the strategy, before this hook.
     """
+    if "state_dict" not in checkpoint:
+        return
     state = checkpoint.setdefault("state_dict", {})
     for key in [k for k in state if k.startswith("ref_policy.") and k not in own_state]:
         del state[key]

@@ -182,6 +182,18 @@ def configure_sharding(strategy: Any, policy: nn.Module, reference: Any, *, hf: 
     shard_policies(policy, reference, data_parallel_mesh(strategy))
 
 
+class ShardingHooks:
+    """The Lightning hook of :class:`~lightning_adv.trainer.ppo.PPOModule` for sharding
+    (a mixin: the module holds ``policy``, ``ref_policy`` and ``hf_tokenizer``)."""
+
+    def configure_model(self) -> None:
+        """Under ``--trainer.strategy=fsdp2`` shard the Hugging Face policy, its critic and
+        the reference policy (:func:`configure_sharding`); otherwise nothing."""
+        if self._trainer is not None:
+            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy,
+                               hf=self.hf_tokenizer is not None)
+
+
 def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     """A ``peft`` model of ``model``'s architecture and adapters holding the full weights
     ``state`` (its gathered state dict), on CPU. (Built on the meta device, the copy would

@@ -24,6 +24,8 @@ LAYERS = {
     "lightning_adv.advantage": 4,
     "lightning_adv.losses": 5, "lightning_adv.metrics": 5,
     "lightning_adv.recipes": 6, "lightning_adv.testing": 6, "lightning_adv.visualize": 6,
+    # adapters for verl and TRL: built on the library's layers, never on the trainer
+    "lightning_adv.integrations": 6,
     "lightning_adv.trainer": 7,
     "lightning_adv.cli": 8, "lightning_adv.__main__": 8, "lightning_adv": 8,
 }

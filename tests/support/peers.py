@@ -40,7 +40,7 @@ REQUIRE_ENV = "LIGHTNING_ADV_REQUIRE_PEERS"
 #: imported modules need are installed beside it.
 INSTALL = {
     "verl": ("pip install -c constraints.txt --no-deps verl==0.9.1 && pip install -c "
-             "constraints.txt ray tensordict omegaconf codetiming orjson"),
+             "constraints.txt -e '.[verl]'"),
     "trl": "pip install -c constraints.txt trl==1.16.0",
 }
 DATA = Path(__file__).resolve().parents[1] / "data"
