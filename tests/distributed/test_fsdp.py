@@ -35,10 +35,10 @@ RUN = Path("hf_grpo_fsdp") / "version_0"
 
 
 def every_step_checkpoints(tmp: Path) -> Path:
-    """The shipped config, with a checkpoint after every training step (2 optimizer steps)."""
+    """The shipped config, with a checkpoint after every training step."""
     config = yaml.safe_load(CONFIG.read_text())
     (callback,) = config["trainer"]["callbacks"]
-    callback["init_args"]["every_n_train_steps"] = 2
+    callback["init_args"]["every_n_train_steps"] = 1
     path = tmp / "hf_grpo_fsdp.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -61,13 +61,15 @@ def fsdp_and_ddp_runs(tmp: Path, tiny_lm: str, accelerator: str = "cpu") -> dict
         fit_or_fail(config, tmp / strategy, tmp / f"record_{strategy}", strategy, model, *SMALL,
                     accelerator=accelerator)
         out[strategy] = tmp / strategy / RUN
-    # the uninterrupted run's export, before the resumed run (in the same run directory)
-    # writes its own
+    # the uninterrupted run's export, kept apart from the resumed run's
     shutil.copytree(out["fsdp2"] / "hf_model", tmp / "uninterrupted_hf_model")
-    ckpt = out["fsdp2"] / "checkpoints" / f"epoch=0-step={2 * RESUME_AFTER}.ckpt"
+    ckpt = out["fsdp2"] / "checkpoints" / f"epoch=0-step={RESUME_AFTER}.ckpt"
     fit_or_fail(config, tmp / "fsdp2", tmp / "record_resumed", "fsdp2", model, *SMALL,
                 f"--ckpt_path={ckpt}", accelerator=accelerator)
-    return {"tmp": tmp, "ckpt": ckpt, **out}
+    # a resumed run writes a run directory of its own beside its parent's
+    resumed = out["fsdp2"].parent / "version_1"
+    assert (resumed / "hf_model").is_dir(), sorted(p.name for p in out["fsdp2"].parent.iterdir())
+    return {"tmp": tmp, "ckpt": ckpt, "resumed": resumed, **out}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +138,7 @@ def test_a_sharded_checkpoint_resumes_into_the_same_next_steps(runs):
                                                  ".metadata"}
     assert_same_steps(runs["tmp"], "fsdp2", "resumed", range(RESUME_AFTER, STEPS),
                       offset=RESUME_AFTER)
-    resumed = load_file(runs["fsdp2"] / "hf_model" / "model.safetensors")
+    resumed = load_file(runs["resumed"] / "hf_model" / "model.safetensors")
     uninterrupted = load_file(runs["tmp"] / "uninterrupted_hf_model" / "model.safetensors")
     for name, weight in uninterrupted.items():
         torch.testing.assert_close(resumed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
