@@ -136,7 +136,7 @@ def one_step(tiny_lm, dataset, share, out):
                        ppo=PPOConfig(prompts_per_step=3, n_samples=4, minibatches=2, epochs=1,
                                      lr=0.01, max_new_tokens=6, entropy_coef=0.01,
                                      kl_loss_coef=0.1),
-                       seed=0)
+                       evaluation={"num_prompts": 0}, seed=0)
     if not share:  # the instance reads every row whole
         module.policy.reads_shared_prompts = False
         module.ref_policy.reads_shared_prompts = False
