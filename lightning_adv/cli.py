@@ -220,7 +220,7 @@ class LightningAdvCLI(LightningCLI):
         path = config.ckpt_path
         if path in SPECIAL_CKPT_PATHS:
             return
-        if not Path(path).is_file():
+        if not Path(path).exists():  # (a sharded checkpoint is a directory)
             self._usage_error(f"ckpt_path: no such checkpoint file {path!r}")
         try:
             self.checkpoint_info = load_checkpoint_info(path)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from lightning_adv.trainer.hf_loading import (  # noqa: F401 -- checks re-exported from here
     HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
     local_or_hub, no_progress_bars)
+from lightning_adv.trainer.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
 from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,6 +62,9 @@ class HFPolicy(nn.Module):
     values ``[B, T]`` or None): position ``t`` has read tokens ``0..t``.
     """
 
+    reads_shared_prompts = True
+    """``forward(input_ids, shared=...)`` reads each shared prompt once"""
+
     def __init__(self, model: nn.Module, value_head: bool = False,
                  critic: Optional[nn.Module] = None, lora: Optional[LoRAConfig] = None):
         super().__init__()
@@ -77,15 +81,18 @@ class HFPolicy(nn.Module):
     def config(self) -> Any:
         return self.model.config
 
-    def forward(self, input_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-        shared = self.value_head is not None and self.critic is None
-        out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=shared)
+    def forward(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                ) -> tuple[Tensor, Optional[Tensor]]:
+        """``shared``: the rows that share their prompt, each distinct prompt read once
+        (:mod:`~lightning_adv.trainer.prompt_sharing`; the same numbers)."""
+        trunk = self.value_head is not None and self.critic is None
+        logits, hidden = causal_lm_pass(self.model, input_ids, shared, hidden=trunk)
         values = None
         if self.value_head is not None:
-            hidden = (out.hidden_states[-1] if shared else
-                      self.critic(input_ids=input_ids, use_cache=False).last_hidden_state)
+            if self.critic is not None:
+                hidden = base_model_pass(self.critic, input_ids, shared)
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
-        return out.logits, values
+        return logits, values
 
     def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                cache: Any = None) -> tuple[Tensor, Any]:
@@ -96,6 +103,14 @@ class HFPolicy(nn.Module):
                          position_ids=position_ids, cache=cache, use_cache=True,
                          logits_to_keep=1)
         return out.logits, out.cache
+
+    def reference_logits(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                         ) -> Tensor:
+        """The logits of the model with its LoRA adapters disabled: the reference policy
+        under LoRA (a method of its own, so that a sharded policy gathers its weights for
+        it as for ``forward``)."""
+        with self.model.disable_adapter():
+            return causal_lm_pass(self.model, input_ids, shared, hidden=False)[0]
 
     def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
         """The reference policy: under LoRA this model with its adapters disabled, else a
@@ -120,8 +135,15 @@ class HFPolicy(nn.Module):
         state = state_dict if state_dict is not None else self.state_dict()
         model = self.model
         with no_progress_bars():  # "Writing model shards" at every checkpoint otherwise
+            if self.lora is not None and state_dict is not None:
+                # a sharded policy's adapters: an unsharded copy holding the gathered weights
+                from lightning_adv.trainer.sharding import unsharded_lora_copy
+
+                model = unsharded_lora_copy(model, _part(state, "model."))
             if self.lora is not None and self.lora.save == "merged":
-                model = copy.deepcopy(model).merge_and_unload()
+                model = copy.deepcopy(model) if model is self.model else model
+                model.merge_and_unload().save_pretrained(directory)
+            elif self.lora is not None:
                 model.save_pretrained(directory)
             else:
                 model.save_pretrained(directory, state_dict=_part(state, "model.")
@@ -135,20 +157,12 @@ class HFPolicy(nn.Module):
         return directory
 
 
-def uses_fsdp(trainer: Any) -> bool:
-    """The (Lightning) trainer shards the module with FSDP."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    return trainer is not None and isinstance(trainer.strategy, FSDPStrategy)
-
-
 def save_trained_policy(trainer: Any, policy: HFPolicy, tokenizer: Any, directory: str) -> None:
-    """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. Under FSDP every
-    rank takes part in gathering the full state dict first."""
-    state = None
-    if uses_fsdp(trainer):  # collective: the full, unsharded weights, on rank 0 only
-        full = trainer.strategy.lightning_module_state_dict()
-        state = _part(full, "policy.")
+    """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. A sharded policy's
+    full weights are gathered first, on every rank (a collective)."""
+    from lightning_adv.trainer.sharding import full_state_dict, is_sharded
+
+    state = full_state_dict(policy) if is_sharded(policy) else None
     if trainer.is_global_zero:
         policy.save_pretrained(directory, tokenizer, state_dict=state)
 
@@ -171,12 +185,14 @@ class AdapterDisabledReference:
     A plain object, not a module: it holds no parameters of its own, so checkpoints and
     optimizers see the policy once."""
 
+    reads_shared_prompts = True
+
     def __init__(self, policy: HFPolicy):
         self.policy = policy
 
-    def __call__(self, input_ids: Tensor) -> tuple[Tensor, None]:
-        with self.policy.model.disable_adapter():
-            return self.policy.model(input_ids=input_ids, use_cache=False).logits, None
+    def __call__(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+                 ) -> tuple[Tensor, None]:
+        return self.policy.reference_logits(input_ids, shared), None
 
 
 def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:

@@ -76,8 +76,30 @@ class _Rows:
         self.history: list[tuple[Tensor, Tensor]] = []  # (ids, positions) when not cached
         self.cache: Any = None
 
+    def prefill_shared(self) -> Tensor:
+        """The first step with a KV cache: each distinct prompt among the rows' pending
+        tokens is read once and its keys and values given to every row reading it
+        (:mod:`~lightning_adv.trainer.prompt_sharing`); every row's next-token logits."""
+        distinct: dict[tuple[int, ...], int] = {}
+        prompt_of_row = [distinct.setdefault(tuple(p), len(distinct)) for p in self.pending]
+        width = max(len(p) for p in distinct)
+        ids = [[self.pad_id] * (width - len(p)) + list(p) for p in distinct]
+        mask = [[0] * (width - len(p)) + [1] * len(p) for p in distinct]
+        positions = [[0] * (width - len(p)) + list(range(len(p))) for p in distinct]
+        ids, mask, positions = (torch.tensor(x, dtype=torch.long, device=self.device)
+                                for x in (ids, mask, positions))
+        logits, self.cache = self.policy.decode_step(ids, mask, positions, None)
+        index = torch.tensor(prompt_of_row, device=self.device)
+        self.cache.reorder_cache(index)
+        self.masks.append(mask[index])
+        self.read = [len(p) for p in self.pending]
+        self.pending = [[] for _ in self.pending]
+        return logits[index, -1].float()
+
     def next_logits(self, active: Sequence[int]) -> Tensor:
         """Feed every active row its pending tokens; the next-token logits of those rows."""
+        if self.cached and self.cache is None and len(active) == len(self.pending) > 1:
+            return self.prefill_shared()
         width = max(len(self.pending[r]) for r in active)
         ids, mask, positions = [], [], []
         for r, chunk in enumerate(self.pending):  # rows not active have nothing pending

@@ -58,11 +58,12 @@ import lightning_adv.trainer.rollout as rollouts
 from lightning_adv.trainer.sample_log import (
     SampleLogConfig, evaluation_log_step, log_text, samples_markdown)
 from lightning_adv.trainer.setup import TrainerPlan
+from lightning_adv.trainer.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
 from lightning_adv.trainer.tasks import TaskConfig
 from lightning_adv.trainer.update import UpdateHooks, ppo_update
 
 
-class PPOModule(pl.LightningModule):
+class PPOModule(ShardingHooks, pl.LightningModule):
     """PPO-family trainer of a tiny causal transformer on a built-in (or your) task.
 
     Args:
@@ -173,12 +174,9 @@ class PPOModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.hf_tokenizer is not None:
-            from lightning_adv.trainer.hf_policy import check_device_dtype, uses_fsdp
+            from lightning_adv.trainer.hf_policy import check_device_dtype
 
             check_device_dtype(self.policy_config.dtype, self.device)
-            if uses_fsdp(self._trainer) and self.policy_config.lora is not None:
-                raise ValueError("policy.lora: LoRA under the FSDP strategy is not supported "
-                                 "(saving would need the sharded adapters merged); use DDP")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed,

@@ -74,11 +74,20 @@ def describe(differences: list[tuple[str, Any, Any]], prefix: str = "model.") ->
                      for key, old, new in differences)
 
 
+#: the file of a sharded checkpoint directory (``--trainer.strategy=fsdp2``) that holds
+#: everything but the weights and optimizer states (Lightning's name for it)
+SHARDED_METADATA = "meta.pt"
+
+
 def load_checkpoint_info(path: str | Path) -> dict[str, Any]:
-    """What the CLI reads of a Lightning checkpoint (memory-mapped, on CPU): its stored
-    ``hparams``, the training steps it holds (``step``), its ``seed``, Lightning's
-    ``global_step`` (optimizer steps) and the training epochs it completed
-    (``epochs_done``)."""
+    """What the CLI reads of a Lightning checkpoint (a file, or the directory of a sharded
+    one; memory-mapped, on CPU): its stored ``hparams``, the training steps it holds
+    (``step``), its ``seed``, Lightning's ``global_step`` (optimizer steps) and the
+    training epochs it completed (``epochs_done``)."""
+    if Path(path).is_dir():
+        if not (Path(path) / SHARDED_METADATA).is_file():
+            raise ValueError(f"a directory without {SHARDED_METADATA}, so not a sharded checkpoint")
+        path = str(Path(path) / SHARDED_METADATA)
     if not zipfile.is_zipfile(path):
         raise ValueError("not a torch.save archive")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -141,7 +150,12 @@ def reconcile_checkpoint(checkpoint: dict[str, Any], own_state: Mapping[str, tor
     - The KL coefficient follows the config: a fixed controller takes ``actor.kl_ctl``; an
       adaptive one keeps its trained value unless ``actor.kl_ctl`` (its start) changed.
     - Any other difference in the weights is refused, naming the settings that differ.
+
+    A sharded checkpoint (``--trainer.strategy=fsdp2``) has no ``state_dict``: its weights
+    are loaded into the shards already, by the strategy, before this hook.
     """
+    if "state_dict" not in checkpoint:
+        return
     state = checkpoint.setdefault("state_dict", {})
     for key in [k for k in state if k.startswith("ref_policy.") and k not in own_state]:
         del state[key]

@@ -43,12 +43,16 @@ def generate_episodes(policy: torch.nn.Module, runtime: TaskRuntime, indices: Se
         return generate(policy, runtime, indices, n, max_new_tokens, ppo.temperature, gen,
                         kv_cache=ppo.kv_cache, greedy=greedy, last_values=last_values)
     from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+    from lightning_adv.trainer.sharding import gathered_weights
 
     # top-k 1 leaves the most likely token alone: the draw is the argmax
     params = (SamplingParams(top_k=1) if greedy else
               SamplingParams(ppo.temperature, ppo.top_k, ppo.top_p))
-    return hf_generate(policy, runtime, indices, n, max_new_tokens, params, gen,
-                       kv_cache=ppo.kv_cache)
+    # (a sharded policy's weights are gathered once: each rank samples a different number
+    # of tokens, so no collective may run per token)
+    with gathered_weights(policy):
+        return hf_generate(policy, runtime, indices, n, max_new_tokens, params, gen,
+                           kv_cache=ppo.kv_cache)
 
 
 @torch.no_grad()

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lightning_adv.trainer.policy import CausalTransformer
 from lightning_adv.trainer.logprobs import next_token_logprobs, picked_logprobs
+from lightning_adv.trainer.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
 from lightning_adv.trainer.recipe_inputs import sum_pi_squared
 
 Model = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
@@ -72,6 +73,12 @@ def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengt
     for chunk in row_chunks(b, rows):
         width = int(lengths[chunk].max())
         part = ids[chunk, :width]
+        # a Hugging Face model reads each prompt of the chunk once for all its samples
+        # (decided by the group size alone: every rank of a sharded run runs the same passes)
+        prompt_groups = (SharedPrompts.of(part, prompts[0][chunk])
+                         if prompts is not None and prompts[1] > 1 and (
+                             reads_shared_prompts(policy) or reads_shared_prompts(reference))
+                         else None)
         if run_policy and isinstance(policy, CausalTransformer):
             got = selected_passes(policy, part, lengths[chunk], temperature, values=values,
                                   logprobs=logprobs, pi_squared=pi_squared)
@@ -80,7 +87,7 @@ def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengt
                 if name in got:
                     put(key, chunk, got[name])
         elif run_policy:
-            logits, critic = policy(part)
+            logits, critic = forward_rows(policy, part, prompt_groups)
             if values:
                 assert critic is not None, "values requested of a policy without a value head"
                 put("values", chunk, critic)
@@ -94,7 +101,7 @@ def scoring_passes(policy: Model, reference: Optional[Model], ids: Tensor, lengt
                                                    values=False, logprobs=True,
                                                    pi_squared=False)["logprobs"])
         elif reference is not None:
-            ref_logits, _ = reference(part)
+            ref_logits, _ = forward_rows(reference, part, prompt_groups)
             put("ref_logp", chunk, next_token_logprobs(ref_logits, part, temperature))
             del ref_logits
     return out

@@ -21,6 +21,7 @@ from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig
 from lightning_adv.trainer.logprobs import logprobs_and_entropy, picked_logprobs_and_entropy
 from lightning_adv.trainer.policy import CausalTransformer
+from lightning_adv.trainer.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,10 @@ def micro_batch_loss(policy: torch.nn.Module, loss_fn: PPOLoss, ppo: PPOConfig, 
     if isinstance(policy, CausalTransformer):
         logprobs, values, ent = loss_positions_pass(policy, ids, mask > 0, ppo.temperature,
                                                     entropy_grad)
-    else:
-        logits, values = policy(ids)
+    else:  # (a Hugging Face policy reads each prompt of the rows once)
+        shared = (SharedPrompts.of_rollout(ids, batch["loss_mask"][rows, :width])
+                  if ppo.n_samples > 1 and reads_shared_prompts(policy) else None)
+        logits, values = forward_rows(policy, ids, shared)
         logprobs, ent = logprobs_and_entropy(logits, ids, ppo.temperature,
                                              entropy_grad=entropy_grad)
     extra = {}

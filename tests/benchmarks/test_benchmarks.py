@@ -134,3 +134,38 @@ def test_memory_peak_is_the_call_own_not_an_earlier_peak():
     assert run.returncode == 0, run.stderr[-2000:]
     idle, size, held = map(float, run.stdout.split())
     assert idle < 40 and size == 200 * 2**20 and 190 <= held <= 240
+
+
+def test_vs_trl_rejects_bad_arguments_by_name():
+    run = run_script("vs_trl", "--samples", "1")
+    assert run.returncode == 2 and "--samples: GRPO needs at least 2" in run.stderr
+    run = run_script("vs_trl", "--prompts-per-step", "3", "--samples", "3", "--minibatches", "2")
+    assert run.returncode == 2 and "--minibatches must divide" in run.stderr
+
+
+@pytest.mark.slow
+def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
+    """Two steps of each trainer (TRL's released GRPOTrainer) on the tiny model."""
+    pytest.importorskip("trl")
+    text = page_of("vs_trl", tmp_path / "vs_trl.md", "--steps", "2", "--seeds", "0",
+                   "--prompts-per-step", "2", "--samples", "2")
+    for name in ("lightning_adv fit", "TRL GRPOTrainer"):
+        assert re.search(rf"^\| {name} \| [\d.]+ ± [\d.]+ \| \d+ ± \d+ \| \d+ ± \d+ \| \d+ ± ",
+                         text, re.M), name
+    assert re.search(r"^\| 0 \| \d+ \| \d+ \| [\d.]+× \| [\d.]+× \| [\d.]+ / [\d.]+ \|$", text, re.M)
+    assert "TRL 1.16.0 (GRPOTrainer)" in text
+    assert not (REPO / "hf_model").exists()
+
+
+def test_prompt_sharing_refuses_a_config_without_a_pretrained_policy():
+    run = run_script("prompt_sharing", "--config", "configs/ppo.yaml")
+    assert run.returncode == 2 and "no model.policy.pretrained" in run.stderr
+
+
+@pytest.mark.slow
+def test_prompt_sharing_times_both_sides_in_one_process(tmp_path):
+    text = page_of("prompt_sharing", tmp_path / "ps.md", "--steps", "1", "--warmup", "0",
+                   "--repeats", "1")
+    for phase in ("sampling", "scoring", "update", "total"):
+        assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+× \|$", text, re.M), phase
+    assert not (REPO / "hf_model").exists()

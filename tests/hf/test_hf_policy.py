@@ -201,17 +201,27 @@ def test_saved_policy_loads_with_auto_model_and_generates(tiny_lm, tmp_path, lor
         assert any("lora_" in n for n, _ in policy.named_parameters())
 
 
-def test_save_from_a_gathered_state_dict(tiny_lm, tmp_path):
-    """Under FSDP the trainer passes the gathered full state dict; it is what is written."""
-    policy = build_hf_policy(policy_config(tiny_lm, value_head=True), seed=0)
-    trained = build_hf_policy(policy_config(tiny_lm, value_head=True), seed=0)
+@pytest.mark.parametrize("lora", [None, "merged", "adapter"])
+def test_save_from_a_gathered_state_dict(tiny_lm, tmp_path, lora):
+    """Under FSDP2 the trainer passes the gathered full state dict; it is what is written,
+    LoRA adapters included (merged into an unsharded copy, or alone)."""
+    from peft import AutoPeftModelForCausalLM
+    from safetensors.torch import load_file
+
+    adapters = None if lora is None else {"r": 4, "target_modules": ["q_proj", "v_proj"],
+                                          "save": lora}
+    config = policy_config(tiny_lm, value_head=True, lora=adapters)
+    policy = build_hf_policy(config, seed=0)
+    trained = build_hf_policy(config, seed=0)
     perturb(trained)
     out = policy.save_pretrained(tmp_path / "m", AutoTokenizer.from_pretrained(tiny_lm),
                                  state_dict=trained.state_dict())
-    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert (out / "adapter_config.json").is_file() == (lora == "adapter")
+    loaded = (AutoPeftModelForCausalLM if lora == "adapter" else AutoModelForCausalLM
+              ).from_pretrained(out)
     with torch.no_grad():
         torch.testing.assert_close(loaded(IDS).logits, trained(IDS)[0], atol=1e-5, rtol=1e-5)
-    from safetensors.torch import load_file
-
+        # the policy that saved holds other weights: the state dict is what was written
+        assert not torch.allclose(policy(IDS)[0], trained(IDS)[0], atol=1e-3)
     torch.testing.assert_close(load_file(out / "value_head.safetensors")["weight"],
                                trained.value_head.weight)

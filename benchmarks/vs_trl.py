@@ -1,0 +1,407 @@
+"""This project's ``fit`` beside TRL's ``GRPOTrainer``: the same GRPO run, side by side.
+
+Both train the tiny Hugging Face model of this checkout's ``make-tiny`` command (no
+network) on the reverse-the-letters text task (``data/reverse_text.jsonl``, scored by
+``char_match``), with the same settings: the same prompts in the same order (the order
+this project's prompt sampler draws; TRL reads them unshuffled, and the first prompt's
+tokens are checked to be the same in both), ``--samples`` responses per prompt,
+``--prompts-per-step`` prompts per step, ``--max-new-tokens``, temperature 1 with no
+top-k / top-p, AdamW at a constant ``--lr`` with no weight decay, gradients clipped at
+norm 1, GRPO's constants (group-normalized rewards with std + 1e-4, clip ε 0.2, the k3
+KL to the frozen initial policy with β ``--beta``, token-mean loss over each optimizer
+step's tokens, one pass over each rollout in ``--minibatches`` optimizer steps), no LoRA,
+no entropy bonus. Each run is a fresh process on one thread; for each seed the two run
+one after the other, in alternating order.
+
+Reported for each: training steps (rollouts) per second and generated tokens per second
+(the training loop, model loading excluded), peak resident memory of the process, the
+training reward of the last steps, and the task reward of the trained model on 200
+held-out prompts (the last lines of the dataset, never trained on) by one evaluator
+(``transformers``' ``generate``, greedy and sampled), mean over ``--seeds``::
+
+    python benchmarks/vs_trl.py --steps 100 --seeds 0 1 2 --page docs/benchmarks/vs-trl.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import harness
+
+DATASET = harness.ROOT / "data" / "reverse_text.jsonl"
+HELD_OUT = 200
+EVAL_SAMPLES = 4
+FRAMEWORKS = ("lightning_adv", "trl")
+
+
+# ---------------------------------------------------------------------------- shared
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def char_match_text(response: str, answer: str) -> float:
+    """The task's reward (``lightning_adv.trainer.text_tasks.char_match``) of a response."""
+    from types import SimpleNamespace
+
+    from lightning_adv.trainer.text_tasks import char_match
+
+    return char_match(SimpleNamespace(response=response, instance={"answer": answer}))
+
+
+def training_order(records: int, seed: int) -> list[int]:
+    """The order in which this project's prompt sampler visits ``records`` prompts in the
+    first epoch of a one-rank run with ``seed``."""
+    from lightning_adv.trainer.data import PromptDataset, PromptSampler
+
+    return list(PromptSampler(PromptDataset(records), 1, seed=seed))
+
+
+# ---------------------------------------------------------------------------- the children
+
+
+def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
+    import lightning.pytorch as pl
+
+    from lightning_adv.trainer import PPOModule
+
+    s = settings
+    module = PPOModule(
+        policy={"pretrained": s["model"], "dtype": "float32", "value_head": False},
+        task={"dataset": s["train"], "reward": "lightning_adv.trainer.text_tasks.char_match",
+              "chat_template": "auto"},
+        ppo={"prompts_per_step": s["prompts_per_step"], "n_samples": s["samples"],
+             "epochs": 1, "minibatches": s["minibatches"], "lr": s["lr"],
+             "weight_decay": 0.0, "max_grad_norm": 1.0, "temperature": 1.0,
+             "max_new_tokens": s["max_new_tokens"], "entropy_coef": 0.0, "clip_eps": 0.2,
+             "kl_loss_coef": s["beta"], "kl_loss_estimator": "k3",
+             "loss_agg_mode": "token-mean"},
+        actor={"kl_ctl": 0.0, "discount": 1.0, "gae_lambda": 1.0,
+               "reward_norm": {"mean_level": "group", "std_level": "group", "eps": 1e-4},
+               "advantage": {"estimator": {"implementation": "token_gae", "kwargs": {}}}},
+        evaluation={"num_prompts": 0}, seed=s["seed"])
+    counts = {"tokens": 0}
+    rollout = module.rollout
+
+    def counting_rollout(*args: Any, **kwargs: Any) -> Any:
+        groups = rollout(*args, **kwargs)
+        counts["tokens"] += sum(sum(ep.generated) for group in groups for ep in group)
+        return groups
+
+    module.rollout = counting_rollout
+    first = module.runtime.instance(training_order(len(module.runtime.task.records),
+                                                   s["seed"])[0])[1]
+    timer = LoopTimer(pl.Callback)
+    pl.seed_everything(s["seed"], verbose=False)
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=s["steps"], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1,
+                         callbacks=[timer], default_root_dir=str(out))
+    trainer.fit(module)
+    return {"steps": module.rollout_step, "seconds": timer.seconds, "tokens": counts["tokens"],
+            "rewards": list(module.reward_history), "model": str(out / "hf_model"),
+            "first_prompt": list(first)}
+
+
+def LoopTimer(base: type) -> Any:  # noqa: N802 -- builds a callback class of either trainer
+    """A callback timing the training loop (from its start to its end) for a Lightning
+    ``Callback`` or a transformers ``TrainerCallback`` ``base``."""
+
+    class Timer(base):
+        seconds = 0.0
+        _start = 0.0
+
+        def on_train_start(self, *args: Any, **kwargs: Any) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            self.seconds = time.perf_counter() - self._start
+
+        on_train_begin = on_train_start  # (transformers' name)
+
+    return Timer()
+
+
+def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lightning_adv.trainer.text_tasks import load_prompt_records
+
+    s = settings
+    records = load_prompt_records(s["train"])
+    ordered = [records[i] for i in training_order(len(records), s["seed"])]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
+                                  "answer": r["answer"]} for r in ordered])
+    tokenizer = AutoTokenizer.from_pretrained(s["model"], padding_side="left")
+    first = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True,
+                                          tokenize=True)
+    first = first["input_ids"] if isinstance(first, dict) or hasattr(first, "keys") else first
+    per_step = s["prompts_per_step"] * s["samples"]
+    steps: list[list[float]] = []
+    counts = {"tokens": 0}
+
+    def char_match_reward(completions: list, answer: list, completion_ids: list,
+                          **_: Any) -> list[float]:
+        rewards = [char_match_text(c[0]["content"], a) for c, a in zip(completions, answer)]
+        counts["tokens"] += sum(len(ids) for ids in completion_ids)
+        steps.append(rewards)
+        return rewards
+
+    config = GRPOConfig(
+        output_dir=str(out), use_cpu=True, seed=s["seed"], bf16=False, fp16=False,
+        per_device_train_batch_size=per_step // s["minibatches"], gradient_accumulation_steps=1,
+        steps_per_generation=s["minibatches"], num_iterations=1, num_generations=s["samples"],
+        max_completion_length=s["max_new_tokens"], temperature=1.0, top_k=0, top_p=1.0,
+        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, beta=s["beta"], epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", entropy_coef=0.0, max_steps=s["steps"] * s["minibatches"],
+        shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+    model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
+    timer = LoopTimer(TrainerCallback)
+    trainer = GRPOTrainer(model=model, reward_funcs=char_match_reward, args=config,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    trainer.train()
+    trainer.model.save_pretrained(out / "hf_model")
+    tokenizer.save_pretrained(out / "hf_model")
+    rollouts = len(steps)
+    return {"steps": rollouts, "seconds": timer.seconds, "tokens": counts["tokens"],
+            "rewards": [sum(r) / len(r) for r in steps], "model": str(out / "hf_model"),
+            "first_prompt": list(first), "completions_per_step": per_step}
+
+
+def evaluate(models: dict[str, str], held_out: Path, seed: int, max_new_tokens: int
+             ) -> dict[str, dict[str, float]]:
+    """Greedy and sampled task reward of each model on the held-out prompts, by
+    ``transformers``' ``generate`` (the same evaluator for every model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_adv.trainer.text_tasks import load_prompt_records
+
+    records = load_prompt_records(held_out)
+    out = {}
+    for name, path in models.items():
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
+                                                 add_generation_prompt=True, tokenize=False)
+                   for r in records]
+        batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        scores = {}
+        for mode, kwargs in (("greedy", {"do_sample": False}),
+                             ("sampled", {"do_sample": True, "temperature": 1.0, "top_k": 0,
+                                          "top_p": 1.0,
+                                          "num_return_sequences": EVAL_SAMPLES})):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                ids = model.generate(**batch, max_new_tokens=max_new_tokens,
+                                     pad_token_id=tokenizer.pad_token_id, **kwargs)
+            texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:],
+                                           skip_special_tokens=True)
+            per_row = len(texts) // len(records)
+            rewards = [char_match_text(t, records[i // per_row]["answer"])
+                       for i, t in enumerate(texts)]
+            scores[mode] = sum(rewards) / len(rewards)
+        out[name] = scores
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    harness.set_thread_environment(1)
+    import torch
+
+    torch.set_num_threads(1)
+    settings = json.loads(args.child_settings)
+    harness.check_package_home(Path.cwd())
+    warnings.simplefilter("ignore")
+    out = Path(settings["out"])
+    if args.child == "evaluate":
+        result = evaluate(settings["models"], Path(settings["held_out"]), settings["seed"],
+                          settings["max_new_tokens"])
+    else:
+        result = (run_ours if args.child == "lightning_adv" else run_trl)(settings, out)
+        result["peak_rss_mib"] = peak_rss_mib()
+    harness.report_result(result)
+
+
+# ---------------------------------------------------------------------------- parent side
+
+
+def split_dataset(tmp: Path) -> tuple[Path, Path, int]:
+    """The training prompts (all but the last ``HELD_OUT`` lines), the held-out ones, and
+    the trainer's default tokens per response for them (the longest answer + 1)."""
+    lines = [line for line in DATASET.read_text().splitlines() if line.strip()]
+    train, held_out = tmp / "train.jsonl", tmp / "held_out.jsonl"
+    train.write_text("\n".join(lines[:-HELD_OUT]) + "\n")
+    held_out.write_text("\n".join(lines[-HELD_OUT:]) + "\n")
+    longest = max(len(json.loads(line)["answer"]) for line in lines)
+    return train, held_out, longest + 1
+
+
+def run_side(kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+    command = [str(Path(__file__).resolve()), "--child", kind, "--child-settings",
+               json.dumps(settings)]
+    return harness.run_child(command, harness.ROOT, 1, f"the {kind} run")
+
+
+def mean_sd(values: Sequence[float], digits: int = 2) -> str:
+    mean = statistics.mean(values)
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {spread:.{digits}f}"
+
+
+def results_table(runs: dict[str, list[dict[str, Any]]], tail: int) -> str:
+    names = {"lightning_adv": "lightning_adv fit", "trl": "TRL GRPOTrainer"}
+    rows = []
+    for kind in FRAMEWORKS:
+        r = runs[kind]
+        rows.append([names[kind],
+                     mean_sd([x["steps"] / x["seconds"] for x in r]),
+                     mean_sd([x["tokens"] / x["seconds"] for x in r], 0),
+                     mean_sd([x["tokens"] / x["steps"] for x in r], 0),
+                     mean_sd([x["peak_rss_mib"] for x in r], 0),
+                     mean_sd([statistics.mean(x["rewards"][-tail:]) for x in r], 3),
+                     mean_sd([x["eval"]["greedy"] for x in r], 3),
+                     mean_sd([x["eval"]["sampled"] for x in r], 3)])
+    return harness.table(["trainer", "steps/s", "generated tokens/s", "tokens per step",
+                          "peak RSS (MiB)", f"train reward, last {tail} steps",
+                          "held-out reward, greedy", "held-out reward, sampled"], rows)
+
+
+def ratio_table(runs: dict[str, list[dict[str, Any]]], seeds: Sequence[int]) -> str:
+    rows = []
+    for i, seed in enumerate(seeds):
+        ours, trl = runs["lightning_adv"][i], runs["trl"][i]
+        rows.append([str(seed), f"{ours['tokens'] / ours['seconds']:.0f}",
+                     f"{trl['tokens'] / trl['seconds']:.0f}",
+                     harness.format_ratio((ours["tokens"] / ours["seconds"])
+                                          / (trl["tokens"] / trl["seconds"])),
+                     harness.format_ratio((ours["steps"] / ours["seconds"])
+                                          / (trl["steps"] / trl["seconds"])),
+                     f"{ours['eval']['greedy']:.3f} / {trl['eval']['greedy']:.3f}"])
+    return harness.table(["seed", "lightning_adv tokens/s", "TRL tokens/s",
+                          "tokens/s ratio", "steps/s ratio",
+                          "held-out greedy reward (ours / TRL)"], rows)
+
+
+def compare(args: argparse.Namespace, tmp: Path) -> None:
+    import importlib.metadata
+
+    model = harness.make_tiny_model(harness.ROOT, tmp / "tiny_lm")
+    train, held_out, default_tokens = split_dataset(tmp)
+    max_new_tokens = args.max_new_tokens or default_tokens
+    base = {"model": str(model), "train": str(train), "steps": args.steps,
+            "prompts_per_step": args.prompts_per_step, "samples": args.samples,
+            "minibatches": args.minibatches, "lr": args.lr, "beta": args.beta,
+            "max_new_tokens": max_new_tokens}
+    trl_version = importlib.metadata.version("trl")
+    header = harness.page_header("Side by side with TRL's GRPOTrainer", [
+        f"Threads: {harness.thread_note([1])}; each run a fresh process, the two trainers "
+        f"one after the other for each seed (alternating which goes first)",
+        f"TRL {trl_version} (GRPOTrainer), against this checkout's `lightning_adv`",
+        f"Model: the tiny model of `python -m lightning_adv make-tiny` (Qwen2, 2 layers, "
+        f"width 64, float32); task: {DATASET.relative_to(harness.ROOT)} minus its last "
+        f"{HELD_OUT} lines (held out), reward `char_match`",
+        f"{args.steps} training steps of {args.prompts_per_step} prompts x {args.samples} "
+        f"samples, at most {max_new_tokens} new tokens per response, {args.minibatches} "
+        f"optimizer step(s) per rollout, lr {args.lr} (constant), β {args.beta} (k3), "
+        f"clip ε 0.2, seeds {' '.join(map(str, args.seeds))}"])
+    print(header, flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FRAMEWORKS}
+    for i, seed in enumerate(args.seeds):
+        for kind in FRAMEWORKS[::1 if i % 2 == 0 else -1]:
+            settings = {**base, "seed": seed, "out": str(tmp / f"{kind}_{seed}")}
+            result = run_side(kind, settings)
+            runs[kind].append(result)
+            print(f"seed {seed} {kind}: {result['steps'] / result['seconds']:.2f} steps/s, "
+                  f"{result['tokens'] / result['seconds']:.0f} tokens/s", flush=True)
+        prompts = {kind: runs[kind][-1]["first_prompt"] for kind in FRAMEWORKS}
+        if prompts["lightning_adv"] != prompts["trl"]:
+            raise SystemExit(f"the trainers read different first prompts: {prompts}")
+        models = {kind: runs[kind][-1]["model"] for kind in FRAMEWORKS}
+        scores = harness.run_child(
+            [str(Path(__file__).resolve()), "--child", "evaluate", "--child-settings",
+             json.dumps({"models": models, "held_out": str(held_out), "seed": seed,
+                         "max_new_tokens": max_new_tokens, "out": str(tmp)})],
+            harness.ROOT, 1, "the evaluation")
+        for kind in FRAMEWORKS:
+            runs[kind][-1]["eval"] = scores[kind]
+    tail = min(10, args.steps)
+    initial = harness.run_child(
+        [str(Path(__file__).resolve()), "--child", "evaluate", "--child-settings",
+         json.dumps({"models": {"initial": str(model)}, "held_out": str(held_out),
+                     "seed": args.seeds[0], "max_new_tokens": max_new_tokens,
+                     "out": str(tmp)})], harness.ROOT, 1, "the evaluation")["initial"]
+    sections = [
+        "Means ± standard deviations over the seeds. Steps/s and tokens/s time the training "
+        "loop (from its start to its end: sampling, scoring, the update, logging; model "
+        "loading excluded); tokens count every generated token (EOS included). Peak RSS is "
+        "the whole process's. The held-out rewards score the trained model's responses to "
+        f"the {HELD_OUT} held-out prompts with one evaluator (`transformers` `generate`: "
+        f"greedy, and {EVAL_SAMPLES} samples at temperature 1); the initial model scores "
+        f"{initial['greedy']:.3f} greedy, {initial['sampled']:.3f} sampled.\n",
+        results_table(runs, tail),
+        "Per seed: this project ÷ TRL (above 1: this project is faster).\n",
+        ratio_table(runs, args.seeds)]
+    harness.write_page(args.page, header, sections,
+                       deterministic="The rewards are deterministic for a seed on one "
+                                     "machine and library version; the timings are not.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python benchmarks/vs_trl.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100, help="training steps (rollouts)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8, help="responses per prompt")
+    parser.add_argument("--minibatches", type=int, default=1,
+                        help="optimizer steps per rollout (TRL's steps_per_generation)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="tokens per response (default: the longest answer + 1)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--beta", type=float, default=0.04, help="the KL loss coefficient")
+    parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
+    parser.add_argument("--child", choices=[*FRAMEWORKS, "evaluate"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-settings", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        child(args)
+        return
+    if min(args.steps, args.prompts_per_step, args.samples, args.minibatches) < 1:
+        parser.error("--steps, --prompts-per-step, --samples and --minibatches must be at least 1")
+    if args.samples < 2:
+        parser.error("--samples: GRPO needs at least 2 responses per prompt")
+    if (args.prompts_per_step * args.samples) % args.minibatches:
+        parser.error("--minibatches must divide --prompts-per-step x --samples")
+    missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
+    if missing:  # before anything runs
+        parser.error(f"TRL's GRPOTrainer needs {' and '.join(missing)}, not installed: "
+                     f"pip install -c constraints.txt trl datasets")
+    harness.set_thread_environment(1)
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        compare(args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

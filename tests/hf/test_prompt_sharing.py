@@ -1,0 +1,173 @@
+"""Each prompt read once for all its samples (``lightning_adv.trainer.prompt_sharing``):
+the logits, values and gradients of the shared pass equal those of one pass over the
+whole batch (Qwen2 and Llama; a value head on the trunk, a separate critic, LoRA and its
+adapter-free reference), the sampler reads each distinct prompt once and draws the
+episodes it drew re-reading every prompt, and a whole training step is that of the
+trainer reading every row whole."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_adv import ActorConfig
+from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
+from lightning_adv.trainer.data import generator
+from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
+from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+from lightning_adv.trainer.prompt_sharing import SharedPrompts
+from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.text_tasks import write_text_dataset
+
+CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+
+CASES = {
+    "value head": {"value_head": True},
+    "critic": {"value_head": True, "critic_pretrained": "MODEL"},
+    "lora": {"value_head": True, "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}},
+}
+
+
+def rows_sharing_prompts(seed=0):
+    """Three prompts (4, 7 and 5 tokens) with three responses each (1 to 5 tokens), right
+    padded, shuffled, and one row whose prompt is a single token (split after it)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, prompt_lengths = [], []
+    for n in (4, 7, 5):
+        prompt = torch.randint(3, 250, (n,), generator=gen)
+        for k in range(3):
+            rows.append(torch.cat([prompt, torch.randint(3, 250, (1 + 2 * k,), generator=gen)]))
+            prompt_lengths.append(n)
+    rows.append(torch.randint(3, 250, (6,), generator=gen))
+    prompt_lengths.append(0)
+    width = max(len(r) for r in rows) + 1
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+    order = torch.randperm(len(rows), generator=gen)
+    lengths = torch.tensor([len(r) for r in rows])[order]
+    return ids[order], lengths, torch.tensor(prompt_lengths)[order]
+
+
+def perturbed(policy, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    return policy
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_shared_prompt_pass_is_one_pass_over_the_batch(arch, case, tiny_lm, tiny_llama_no_pad):
+    path = tiny_lm if arch == "qwen2" else tiny_llama_no_pad
+    fields = {k: (path if v == "MODEL" else v) for k, v in CASES[case].items()}
+    policy = build_hf_policy(PolicyConfig(pretrained=path, **fields), seed=0)
+    reference = policy.reference()
+    perturbed(policy)
+    ids, lengths, prompt_lengths = rows_sharing_prompts()
+    shared = SharedPrompts.of(ids, prompt_lengths)
+    assert len(shared.first_rows) == 4  # three prompts, and the row without one
+    real = torch.arange(ids.shape[1])[None] < lengths[:, None]
+    outputs, grads = {}, {}
+    for name, kwargs in (("whole", {}), ("shared", {"shared": shared})):
+        policy.zero_grad()
+        logits, values = policy(ids, **kwargs)
+        loss = (logits.log_softmax(-1)[..., 11] * real).sum() + (values * real).square().sum()
+        loss.backward()
+        outputs[name] = (logits.detach(), values.detach())
+        grads[name] = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+    for whole, shared_out in zip(outputs["whole"], outputs["shared"]):
+        torch.testing.assert_close(shared_out[real], whole[real], atol=1e-5, rtol=1e-5)
+    scale = max(g.abs().max() for g in grads["whole"].values())
+    assert scale > 1
+    for name, grad in grads["whole"].items():
+        torch.testing.assert_close(grads["shared"][name], grad, atol=1e-6 * scale, rtol=1e-5,
+                                   msg=name)
+    with torch.no_grad():  # the reference (under LoRA: the policy, adapters disabled)
+        torch.testing.assert_close(reference(ids, shared=shared)[0][real],
+                                   reference(ids)[0][real], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(reference(ids)[0][real], outputs["whole"][0][real], atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    # prompts of different lengths, so the prompts are left-padded
+    return str(write_text_dataset(tmp_path_factory.mktemp("d") / "r.jsonl", "reverse", n=16))
+
+
+def test_the_sampler_reads_each_prompt_once_and_draws_the_same_episodes(tiny_lm, dataset):
+    task = TaskConfig(dataset=dataset, reward=CHAR_MATCH)
+    config = PolicyConfig(pretrained=tiny_lm)
+    runtime = TaskRuntime(task, tokenizer=check_hf_policy(config, task.chat_template).tokenizer)
+    policy = perturbed(build_hf_policy(config, seed=0)).eval()
+    first_batches = []
+    decode = policy.decode_step
+
+    def recording(input_ids, attention_mask, position_ids, cache=None):
+        if cache is None:
+            first_batches.append(input_ids.shape[0])
+        return decode(input_ids, attention_mask, position_ids, cache)
+
+    def sample(kv_cache):
+        return hf_generate(policy, runtime, [0, 1, 2, 3], 3, 6, SamplingParams(),
+                           generator(0, "test"), kv_cache=kv_cache)
+
+    policy.decode_step = recording
+    try:
+        cached = sample(kv_cache=True)
+    finally:
+        del policy.decode_step
+    uncached = sample(kv_cache=False)  # every step re-reads every row's whole history
+    assert first_batches == [4]  # four prompts read once, for twelve episodes
+    assert sum(len(ep.tokens) for group in cached for ep in group) > 12 * 10
+    for group, other in zip(cached, uncached):
+        for a, b in zip(group, other):
+            assert a.tokens == b.tokens
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
+                                       atol=1e-5, rtol=1e-5)
+
+
+def one_step(tiny_lm, dataset, share, out):
+    module = PPOModule(policy=PolicyConfig(pretrained=tiny_lm, value_head=True),
+                       actor=ActorConfig(kl_ctl=0.05),
+                       task=TaskConfig(dataset=dataset,
+                                       reward="tests.support.trainer_helpers.response_length_reward"),
+                       ppo=PPOConfig(prompts_per_step=3, n_samples=4, minibatches=2, epochs=1,
+                                     lr=0.01, max_new_tokens=6, entropy_coef=0.01,
+                                     kl_loss_coef=0.1),
+                       evaluation={"num_prompts": 0}, seed=0)
+    if not share:  # the instance reads every row whole
+        module.policy.reads_shared_prompts = False
+        module.ref_policy.reads_shared_prompts = False
+    losses = []
+    forward = module.loss_fn.forward
+
+    def recording(*args, **kwargs):
+        result = forward(*args, **kwargs)
+        losses.append({k: v.detach().clone() for k, v in result.items()
+                       if isinstance(v, torch.Tensor)})
+        return result
+
+    module.loss_fn.forward = recording
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=out)
+    trainer.fit(module)
+    return losses, {n: p.detach() for n, p in module.policy.named_parameters()}
+
+
+def test_a_training_step_reading_shared_prompts_is_the_whole_rows_step(tiny_lm, dataset,
+                                                                       tmp_path):
+    shared_losses, shared_weights = one_step(tiny_lm, dataset, True, tmp_path / "shared")
+    whole_losses, whole_weights = one_step(tiny_lm, dataset, False, tmp_path / "whole")
+    assert len(shared_losses) == len(whole_losses) == 2
+    for a, b in zip(shared_losses, whole_losses):
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-5, msg=key)
+    # Adam divides each gradient by its running scale, so where a gradient is near zero
+    # its float rounding moves the weight by up to lr: the weights agree to a hundredth of
+    # the two steps' largest move (2 lr = 0.02), the losses above to 1e-5
+    for name, weight in whole_weights.items():
+        torch.testing.assert_close(shared_weights[name], weight, atol=2e-4, rtol=0, msg=name)
