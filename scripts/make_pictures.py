@@ -7,7 +7,7 @@
   for ``--steps`` steps): the task reward, the KL penalty and the advantages. TensorBoard
   serves on 127.0.0.1 only and headless Chromium takes the screenshot
   (``apt-get install -y chromium`` on Debian);
-- with ``--curves``, the reward curves ``reward_curves.png`` and ``hf_reward_curves.png``,
+- with ``--curves``, the reward curves ``seed_curves.png`` and ``hf_reward_curves.png``,
   by running the learning benchmark, which also rewrites its pages (the table and the
   picture come from the same runs; this trains every shipped config, about half an hour
   on a 2-core machine)::
@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:  # the layer table is tests/core/test_layers.py of
 #: the scalars the screenshot shows (TensorBoard's tag filter)
 TAGS = "train/(task_reward|kl_rewards|unnormalized_advantages_mean|advantages_max)"
 CURVES = [
-    ["--configs", "ppo", "turn_gae", "grpo", "dr_grpo", "gvpo_prm", "grpo_dynamic",
-     "--page", "docs/benchmarks/learning.md", "--plot", "docs/images/reward_curves.png"],
+    ["--configs", "ppo", "grpo", "turn_gae", "turn_rloo", "gigpo", "--seeds", "1", "2", "3",
+     "--page", "docs/benchmarks/learning-seeds.md", "--plot", "docs/images/seed_curves.png"],
     ["--configs", "hf_grpo", "hf_ppo",
      "--page", "docs/benchmarks/learning-hf.md", "--plot", "docs/images/hf_reward_curves.png"],
 ]

@@ -1,7 +1,7 @@
 """Reward curves and a summary table from the trainer's TensorBoard logs.
 
     python scripts/reward_curve.py runs/ppo/version_0 runs/turn_gae/version_0 \
-        --out docs/reward_curves.png
+        --out curves.png
 
 Reads ``train/task_reward`` from each run's event files, draws the per-step reward
 (faint) and its moving average (bold) for every run into one PNG, and writes a markdown

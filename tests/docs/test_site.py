@@ -48,5 +48,5 @@ def test_api_pages_render_the_docstrings(site):
 
 
 def test_pictures_are_in_the_site(site):
-    for name in ("layers.png", "tensorboard.png", "reward_curves.png", "hf_reward_curves.png"):
+    for name in ("layers.png", "tensorboard.png", "seed_curves.png", "hf_reward_curves.png"):
         assert (site / "images" / name).stat().st_size > 10_000, name
