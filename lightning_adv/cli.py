@@ -12,7 +12,7 @@ is a usage error (exit 2) that names the key, before any model or logger exists.
 error prints ``error: <what>`` first, then one line pointing at ``--help`` (which shows
 every field's description), not the whole usage.
 
-Run hygiene (README "Training"): a resumed run is configured by its command line, never
+Run hygiene (docs/guides/cli-trainer.md): a resumed run is configured by its command line, never
 by the checkpoint's stored settings (:mod:`lightning_adv.trainer.resume`); it continues
 in the checkpoint's run directory only when that replaces nothing there, else in a new
 ``version_N`` (:mod:`lightning_adv.trainer.run_dirs`); evaluations write under the
@@ -147,7 +147,7 @@ class LightningAdvCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI would re-parse the checkpoint's hyper-parameters over the command
-        line, silently undoing overrides; here the command line wins (README "Resuming"),
+        line, silently undoing overrides; here the command line wins (guides/cli-trainer.md, "Runs"),
         and :meth:`check_config` has read the checkpoint."""
 
     def check_config(self) -> None:

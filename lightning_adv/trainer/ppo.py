@@ -167,7 +167,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
 
     def on_train_start(self) -> None:
         # A resumed run restored the optimizer's param groups from the checkpoint; the
-        # config's values win (README "Resuming").
+        # config's values win (docs/guides/cli-trainer.md, "Runs").
         for group in self.optimizers().optimizer.param_groups:
             group["lr"] = self.ppo_config.lr
             group["weight_decay"] = self.ppo_config.weight_decay
