@@ -279,13 +279,14 @@ def _near_misses(key: str) -> tuple[str, ...]:
 def _report_near_miss_keys(batch: Mapping[str, Any]) -> None:
     """Warn about keys the pipeline does not read that look like a misspelt absent key
     (``ref_logprobs`` for ``ref_logp``). Other extra keys are the caller's own and pass
-    through silently; a near miss of a key that is present is taken as the caller's own too."""
+    through silently; a key whose closest known key is present is taken as the caller's own
+    too (``old_logprobs`` beside ``logprobs``, although ``rollout_logprobs`` is also close)."""
     hints = []
     for key in batch:
         if not isinstance(key, str) or key in KNOWN_KEYS:
             continue
-        close = [k for k in _near_misses(key) if not present(batch, k)]
-        if close:
+        close = _near_misses(key)
+        if close and not present(batch, close[0]):
             hints.append(f"{key!r} (did you mean {close[0]!r}?)")
     if hints:
         warn_caller(f"rollout batch: {', '.join(hints)} {'is' if len(hints) == 1 else 'are'} "

@@ -75,6 +75,9 @@ def _prompt_rows(rows: int, width: int, gen: torch.Generator) -> dict[str, Tenso
         # state at the same turn), drawn from no generator so the other tensors stay as
         # they were
         "anchor_state_ids": turn_ids.clone(),
+        # the trained policy's recomputed log-probs (configs with actor.recompute_logprob),
+        # close to the sampler's; no generator draw, for the same reason
+        "prox_logp": logprobs * 0.98,
         "rewards": (torch.rand(rows, generator=gen) < 0.5).float(),
     }
 
