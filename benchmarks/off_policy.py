@@ -25,12 +25,14 @@ script, not the table).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,23 +162,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="updates per run")
     parser.add_argument("--window", type=int, default=10, help="steps averaged for start/end")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (each on one thread; "
+                        "the rewards do not depend on it, the times do)")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     parser.add_argument("--override", action="append", default=[],
                         help="extra CLI argument for every run (--override=--model.ppo.lr=0.001)")
     args = parser.parse_args()
     header = harness.page_header("Off-policy learning: staleness and rollout correction", [
         f"Runs: staleness {args.staleness} x corrections {args.corrections} x seeds "
-        f"{args.seeds}, {args.steps} updates each, one at a time"])
+        f"{args.seeds}, {args.steps} updates each, {args.jobs} at a time"])
     print(header, flush=True)
     before, results = load_average(), []
-    with tempfile.TemporaryDirectory(prefix="off_policy_") as tmp:
-        for staleness in args.staleness:
-            for correction in args.corrections:
-                for seed in args.seeds:
-                    results.append(run_one(staleness, correction, seed, args.steps,
-                                           Path(tmp), args.override))
-                    print(f"staleness {staleness}, {correction}, seed {seed}: end reward "
-                          f"{mean(results[-1].rewards[-args.window:]):.3f}", flush=True)
+    cells = list(itertools.product(args.staleness, args.corrections, args.seeds))
+    with tempfile.TemporaryDirectory(prefix="off_policy_") as tmp, \
+            ThreadPoolExecutor(max(args.jobs, 1)) as pool:
+        def one(cell: tuple[int, str, int]) -> RunResult:
+            return run_one(*cell, args.steps, Path(tmp), args.override)
+
+        for (staleness, correction, seed), result in zip(cells, pool.map(one, cells)):
+            results.append(result)
+            print(f"staleness {staleness}, {correction}, seed {seed}: end reward "
+                  f"{mean(result.rewards[-args.window:]):.3f}", flush=True)
     notes = [f"Load average (1/5/15 min) before: {before}, after: {load_average()}."]
     if args.override:
         notes.append("Overrides: `" + " ".join(args.override) + "`.")

@@ -13,8 +13,9 @@ SMALL = ["--model.ppo.prompts_per_step=4", "--model.ppo.n_samples=2",
 
 def test_off_policy_page_has_a_row_per_staleness_and_correction(tmp_path):
     page = tmp_path / "off-policy.md"
+    # two runs at once: the rows still come in the order of the cells
     args = ["--staleness", "1", "--corrections", "none", "icepop", "--seeds", "0", "--steps",
-            "2", "--window", "1", *[f"--override={a}" for a in SMALL]]
+            "2", "--window", "1", "--jobs", "2", *[f"--override={a}" for a in SMALL]]
     run = subprocess.run([sys.executable, "benchmarks/off_policy.py", *args, "--page", str(page)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
