@@ -25,6 +25,7 @@ import ast
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -150,13 +151,22 @@ def api_sections() -> dict[str, tuple[str, str, list[tuple[str, list[str]]]]]:
     }
 
 
+def is_module(path: str) -> bool:
+    """Whether ``path`` names a module (rather than a name inside one), whether or not it
+    was imported yet: the answer must not depend on what ran before in the process."""
+    try:
+        return importlib.util.find_spec(path) is not None
+    except ModuleNotFoundError:  # the parent is a module, ``path`` a name inside it
+        return False
+
+
 def api_page(title: str, intro: str, sections: list[tuple[str, list[str]]]) -> str:
     lines = [GENERATED.format(source="the package's docstrings and __all__"), f"# {title}", "",
              intro, ""]
     for heading, paths in sections:
         lines += [f"## {heading}", ""]
         for path in paths:
-            if path in sys.modules:  # a module: its docstring only
+            if is_module(path):  # a module: its docstring only
                 lines += [f"::: {path}", "    options:", "      members: false",
                           "      show_root_heading: false", ""]
             else:
