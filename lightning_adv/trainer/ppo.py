@@ -49,7 +49,7 @@ from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSample
 from lightning_adv.trainer.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
 from lightning_adv.trainer.heatmap_log import HeatmapLog
-from lightning_adv.trainer.metrics import StepMetrics, episode_kl, log_histogram
+from lightning_adv.trainer.metrics import StepMetrics, episode_kl, log_histogram, logging_due
 from lightning_adv.trainer.off_policy import (
     QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
 from lightning_adv.trainer.policy_config import PolicyConfig
@@ -364,21 +364,23 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         """``sampled``: the groups whose rewards ``train/task_reward`` reports (default
         ``groups``; under dynamic sampling the first round's, unfiltered)."""
         self.metrics.update_step(batch, out, groups, sampled or groups)
-        self.adv_metrics.update(out, meta)
-        values = {**self.metrics.compute(), **self.adv_metrics.compute()}
-        self.adv_metrics.reset()
-        if self.ppo_config.off_policy:
-            values.update(self.offpolicy_metrics.compute())
-            self.offpolicy_metrics.reset()
-        values["train/kl_coef"] = torch.tensor(self.kl_controller.value)
+        values = self.metrics.compute()  # (collective; the reward is reported every step)
         n = sum(len(group) for group in groups)
         reward = values.pop("train/task_reward")
         self.reward_history.append(float(reward))
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)
-        self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
-        log_histogram(self.logger, self.trainer, self.global_rank, self.rollout_step,
-                      "train/advantages", out["advantages"][out["loss_mask"] > 0])
+        if logging_due(self.trainer):  # (every rank alike: the step counters agree)
+            self.adv_metrics.update(out, meta)
+            values.update(self.adv_metrics.compute())
+            if self.ppo_config.off_policy:
+                values.update(self.offpolicy_metrics.compute())
+            values["train/kl_coef"] = torch.tensor(self.kl_controller.value)
+            self.log_dict(values, on_step=True, on_epoch=False, batch_size=n)
+            log_histogram(self.logger, self.global_rank, self.rollout_step,
+                          "train/advantages", out["advantages"][out["loss_mask"] > 0])
+        self.adv_metrics.reset()  # (the update's loss diagnostics, logged or not)
+        self.offpolicy_metrics.reset()
         if self.sample_log_config.due(self.rollout_step):
             log_text(self, "train/samples", samples_markdown(groups, self.sample_log_config.count),
                      self.rollout_step)

@@ -141,6 +141,8 @@ def test_vs_trl_rejects_bad_arguments_by_name():
     assert run.returncode == 2 and "--samples: GRPO needs at least 2" in run.stderr
     run = run_script("vs_trl", "--prompts-per-step", "3", "--samples", "3", "--minibatches", "2")
     assert run.returncode == 2 and "--minibatches must divide" in run.stderr
+    run = run_script("vs_trl", "--log-every", "0")
+    assert run.returncode == 2 and "--log-every must be at least 1" in run.stderr
 
 
 @pytest.mark.slow
@@ -153,7 +155,10 @@ def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
         assert re.search(rf"^\| {name} \| [\d.]+ ± [\d.]+ \| \d+ ± \d+ \| \d+ ± \d+ \| \d+ ± ",
                          text, re.M), name
     assert re.search(r"^\| 0 \| \d+ \| \d+ \| [\d.]+× \| [\d.]+× \| [\d.]+ / [\d.]+ \|$", text, re.M)
-    assert "TRL 1.16.0 (GRPOTrainer)" in text
+    assert re.search(r"^\| tokens/s ratio \(ours ÷ TRL\) \| [\d.]+ ± 0\.00 \| ", text, re.M)
+    assert re.search(r"^\| held-out reward, greedy \(ours − TRL\) \| [+-][\d.]+ ± 0\.000 \| ",
+                     text, re.M)
+    assert "TRL 1.16.0 (GRPOTrainer)" in text and "every 10 training steps" in text
     assert not (REPO / "hf_model").exists()
 
 

@@ -217,7 +217,7 @@ def fit_one_step(module, tmp_path):
 
     module.loss_fn.forward = recording
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
+                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(module)
     return losses, {k: v.clone() for k, v in trainer.callback_metrics.items()}

@@ -158,7 +158,7 @@ def fit_params(ppo, steps=3):
                        actor=ActorConfig(kl_ctl=0.05),
                        policy=PolicyConfig(d_model=16, n_layers=2, n_heads=2))
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
+                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

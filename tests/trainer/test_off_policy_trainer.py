@@ -34,7 +34,7 @@ def make(ppo=None, actor=None, **kwargs):
 
 def fit(module, steps):
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
+                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -29,7 +29,7 @@ def fit(module, tmp_path, steps=2):
             logged.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
+                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[Record()])
     with warnings.catch_warnings():
