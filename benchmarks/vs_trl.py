@@ -106,8 +106,9 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     timer = LoopTimer(pl.Callback)
     pl.seed_everything(s["seed"], verbose=False)
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=s["steps"], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1,
+                         log_every_n_steps=s["log_every"], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=1,
                          callbacks=[timer], default_root_dir=str(out))
     trainer.fit(module)
     return {"steps": module.rollout_step, "seconds": timer.seconds, "tokens": counts["tokens"],
@@ -169,8 +170,9 @@ def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=s["beta"], epsilon=0.2, loss_type="dapo",
         scale_rewards="group", entropy_coef=0.0, max_steps=s["steps"] * s["minibatches"],
-        shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+        shuffle_dataset=False, logging_steps=s["log_every"] * s["minibatches"],
+        save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        log_completions=False)
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
     timer = LoopTimer(TrainerCallback)
     trainer = GRPOTrainer(model=model, reward_funcs=char_match_reward, args=config,
@@ -289,14 +291,42 @@ def ratio_table(runs: dict[str, list[dict[str, Any]]], seeds: Sequence[int]) -> 
         ours, trl = runs["lightning_adv"][i], runs["trl"][i]
         rows.append([str(seed), f"{ours['tokens'] / ours['seconds']:.0f}",
                      f"{trl['tokens'] / trl['seconds']:.0f}",
-                     harness.format_ratio((ours["tokens"] / ours["seconds"])
-                                          / (trl["tokens"] / trl["seconds"])),
+                     harness.format_ratio(tokens_ratio(ours, trl)),
                      harness.format_ratio((ours["steps"] / ours["seconds"])
                                           / (trl["steps"] / trl["seconds"])),
                      f"{ours['eval']['greedy']:.3f} / {trl['eval']['greedy']:.3f}"])
     return harness.table(["seed", "lightning_adv tokens/s", "TRL tokens/s",
                           "tokens/s ratio", "steps/s ratio",
                           "held-out greedy reward (ours / TRL)"], rows)
+
+
+def tokens_ratio(ours: dict[str, Any], trl: dict[str, Any]) -> float:
+    return (ours["tokens"] / ours["seconds"]) / (trl["tokens"] / trl["seconds"])
+
+
+def paired_table(runs: dict[str, list[dict[str, Any]]], tail: int) -> str:
+    """This project minus TRL, seed by seed: the mean over seeds and its standard error
+    (the spread of the paired differences / sqrt(seeds)), for the speed ratio and each
+    reward."""
+    pairs = list(zip(runs["lightning_adv"], runs["trl"]))
+
+    def mean_se(values: list[float], digits: int) -> str:
+        se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):+.{digits}f} ± {se:.{digits}f}"
+
+    ratios = [tokens_ratio(ours, trl) for ours, trl in pairs]
+    rows = [["tokens/s ratio (ours ÷ TRL)",
+             f"{statistics.mean(ratios):.2f} ± "
+             f"{(statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0):.2f}",
+             f"{min(ratios):.2f}–{max(ratios):.2f}"]]
+    for label, value in ((f"train reward, last {tail} steps",
+                          lambda x: statistics.mean(x["rewards"][-tail:])),
+                         ("held-out reward, greedy", lambda x: x["eval"]["greedy"]),
+                         ("held-out reward, sampled", lambda x: x["eval"]["sampled"])):
+        diffs = [value(ours) - value(trl) for ours, trl in pairs]
+        rows.append([f"{label} (ours − TRL)", mean_se(diffs, 3),
+                     f"{min(diffs):+.3f}–{max(diffs):+.3f}"])
+    return harness.table(["paired over the seeds", "mean ± standard error", "range"], rows)
 
 
 def compare(args: argparse.Namespace, tmp: Path) -> None:
@@ -308,7 +338,7 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
     base = {"model": str(model), "train": str(train), "steps": args.steps,
             "prompts_per_step": args.prompts_per_step, "samples": args.samples,
             "minibatches": args.minibatches, "lr": args.lr, "beta": args.beta,
-            "max_new_tokens": max_new_tokens}
+            "max_new_tokens": max_new_tokens, "log_every": args.log_every}
     trl_version = importlib.metadata.version("trl")
     header = harness.page_header("Side by side with TRL's GRPOTrainer", [
         f"Threads: {harness.thread_note([1])}; each run a fresh process, the two trainers "
@@ -320,7 +350,9 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         f"{args.steps} training steps of {args.prompts_per_step} prompts x {args.samples} "
         f"samples, at most {max_new_tokens} new tokens per response, {args.minibatches} "
         f"optimizer step(s) per rollout, lr {args.lr} (constant), β {args.beta} (k3), "
-        f"clip ε 0.2, seeds {' '.join(map(str, args.seeds))}"])
+        f"clip ε 0.2, seeds {' '.join(map(str, args.seeds))}; both log their metrics every "
+        f"{args.log_every} training steps (Lightning's `log_every_n_steps`, TRL's "
+        f"`logging_steps`, whose default is 10)"])
     print(header, flush=True)
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FRAMEWORKS}
     for i, seed in enumerate(args.seeds):
@@ -357,7 +389,11 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         f"{initial['greedy']:.3f} greedy, {initial['sampled']:.3f} sampled.\n",
         results_table(runs, tail),
         "Per seed: this project ÷ TRL (above 1: this project is faster).\n",
-        ratio_table(runs, args.seeds)]
+        ratio_table(runs, args.seeds),
+        "Seed by seed, this project against TRL (the same seed's prompts; a reward "
+        "difference within about two standard errors of 0 is not told apart from seed "
+        "noise by these seeds).\n",
+        paired_table(runs, tail)]
     harness.write_page(args.page, header, sections,
                        deterministic="The rewards are deterministic for a seed on one "
                                      "machine and library version; the timings are not.")
@@ -376,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens per response (default: the longest answer + 1)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--beta", type=float, default=0.04, help="the KL loss coefficient")
+    parser.add_argument("--log-every", type=int, default=10,
+                        help="training steps between metric logs, in both trainers")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     parser.add_argument("--child", choices=[*FRAMEWORKS, "evaluate"], help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)
@@ -388,8 +426,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.child is not None:
         child(args)
         return
-    if min(args.steps, args.prompts_per_step, args.samples, args.minibatches) < 1:
-        parser.error("--steps, --prompts-per-step, --samples and --minibatches must be at least 1")
+    if min(args.steps, args.prompts_per_step, args.samples, args.minibatches, args.log_every) < 1:
+        parser.error("--steps, --prompts-per-step, --samples, --minibatches and --log-every "
+                     "must be at least 1")
     if args.samples < 2:
         parser.error("--samples: GRPO needs at least 2 responses per prompt")
     if (args.prompts_per_step * args.samples) % args.minibatches:
