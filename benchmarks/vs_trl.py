@@ -19,7 +19,8 @@ training reward of the last steps, and the task reward of the trained model on 2
 held-out prompts (the last lines of the dataset, never trained on) by one evaluator
 (``transformers``' ``generate``, greedy and sampled), mean over ``--seeds``::
 
-    python benchmarks/vs_trl.py --steps 100 --seeds 0 1 2 --page docs/benchmarks/vs-trl.md
+    python benchmarks/vs_trl.py --steps 100 --seeds 0 1 2 3 4 5 6 7 --every-step-too \
+        --page docs/benchmarks/vs-trl.md
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ DATASET = harness.ROOT / "data" / "reverse_text.jsonl"
 HELD_OUT = 200
 EVAL_SAMPLES = 4
 FRAMEWORKS = ("lightning_adv", "trl")
+EVERY_STEP = "lightning_adv_every_step"
+"""this project's run again, logging every step (``--every-step-too``): what logging costs"""
 
 
 # ---------------------------------------------------------------------------- shared
@@ -268,9 +271,10 @@ def mean_sd(values: Sequence[float], digits: int = 2) -> str:
 
 
 def results_table(runs: dict[str, list[dict[str, Any]]], tail: int) -> str:
-    names = {"lightning_adv": "lightning_adv fit", "trl": "TRL GRPOTrainer"}
+    names = {"lightning_adv": "lightning_adv fit", "trl": "TRL GRPOTrainer",
+             EVERY_STEP: "lightning_adv fit, logging every step"}
     rows = []
-    for kind in FRAMEWORKS:
+    for kind in (kind for kind in names if runs.get(kind)):
         r = runs[kind]
         rows.append([names[kind],
                      mean_sd([x["steps"] / x["seconds"] for x in r]),
@@ -314,11 +318,17 @@ def paired_table(runs: dict[str, list[dict[str, Any]]], tail: int) -> str:
         se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
         return f"{statistics.mean(values):+.{digits}f} ± {se:.{digits}f}"
 
-    ratios = [tokens_ratio(ours, trl) for ours, trl in pairs]
-    rows = [["tokens/s ratio (ours ÷ TRL)",
-             f"{statistics.mean(ratios):.2f} ± "
-             f"{(statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0):.2f}",
-             f"{min(ratios):.2f}–{max(ratios):.2f}"]]
+    def ratio_row(label: str, ratios: list[float]) -> list[str]:
+        se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
+        return [label, f"{statistics.mean(ratios):.2f} ± {se:.2f}",
+                f"{min(ratios):.2f}–{max(ratios):.2f}"]
+
+    rows = [ratio_row("tokens/s ratio (ours ÷ TRL)",
+                      [tokens_ratio(ours, trl) for ours, trl in pairs])]
+    if runs.get(EVERY_STEP):
+        rows.append(ratio_row("tokens/s ratio, ours logging every step ÷ TRL",
+                              [tokens_ratio(ours, trl) for ours, trl
+                               in zip(runs[EVERY_STEP], runs["trl"])]))
     for label, value in ((f"train reward, last {tail} steps",
                           lambda x: statistics.mean(x["rewards"][-tail:])),
                          ("held-out reward, greedy", lambda x: x["eval"]["greedy"]),
@@ -354,11 +364,14 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         f"{args.log_every} training steps (Lightning's `log_every_n_steps`, TRL's "
         f"`logging_steps`, whose default is 10)"])
     print(header, flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FRAMEWORKS}
+    kinds = (*FRAMEWORKS, EVERY_STEP) if args.every_step_too else FRAMEWORKS
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for i, seed in enumerate(args.seeds):
-        for kind in FRAMEWORKS[::1 if i % 2 == 0 else -1]:
+        for kind in kinds[::1 if i % 2 == 0 else -1]:
             settings = {**base, "seed": seed, "out": str(tmp / f"{kind}_{seed}")}
-            result = run_side(kind, settings)
+            if kind == EVERY_STEP:
+                settings["log_every"] = 1
+            result = run_side("lightning_adv" if kind == EVERY_STEP else kind, settings)
             runs[kind].append(result)
             print(f"seed {seed} {kind}: {result['steps'] / result['seconds']:.2f} steps/s, "
                   f"{result['tokens'] / result['seconds']:.0f} tokens/s", flush=True)
@@ -373,6 +386,10 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
             harness.ROOT, 1, "the evaluation")
         for kind in FRAMEWORKS:
             runs[kind][-1]["eval"] = scores[kind]
+        if args.every_step_too:  # the same training (logging reads, never draws): same model
+            if runs[EVERY_STEP][-1]["rewards"] != runs["lightning_adv"][-1]["rewards"]:
+                raise SystemExit(f"seed {seed}: logging every step changed the training rewards")
+            runs[EVERY_STEP][-1]["eval"] = scores["lightning_adv"]
     tail = min(10, args.steps)
     initial = harness.run_child(
         [str(Path(__file__).resolve()), "--child", "evaluate", "--child-settings",
@@ -414,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beta", type=float, default=0.04, help="the KL loss coefficient")
     parser.add_argument("--log-every", type=int, default=10,
                         help="training steps between metric logs, in both trainers")
+    parser.add_argument("--every-step-too", action="store_true",
+                        help="also run this project logging every step (what logging costs)")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     parser.add_argument("--child", choices=[*FRAMEWORKS, "evaluate"], help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)

@@ -150,14 +150,15 @@ def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
     """Two steps of each trainer (TRL's released GRPOTrainer) on the tiny model."""
     pytest.importorskip("trl")
     text = page_of("vs_trl", tmp_path / "vs_trl.md", "--steps", "2", "--seeds", "0",
-                   "--prompts-per-step", "2", "--samples", "2")
-    for name in ("lightning_adv fit", "TRL GRPOTrainer"):
+                   "--prompts-per-step", "2", "--samples", "2", "--every-step-too")
+    for name in ("lightning_adv fit", "TRL GRPOTrainer", "lightning_adv fit, logging every step"):
         assert re.search(rf"^\| {name} \| [\d.]+ ± [\d.]+ \| \d+ ± \d+ \| \d+ ± \d+ \| \d+ ± ",
                          text, re.M), name
     assert re.search(r"^\| 0 \| \d+ \| \d+ \| [\d.]+× \| [\d.]+× \| [\d.]+ / [\d.]+ \|$", text, re.M)
     assert re.search(r"^\| tokens/s ratio \(ours ÷ TRL\) \| [\d.]+ ± 0\.00 \| ", text, re.M)
     assert re.search(r"^\| held-out reward, greedy \(ours − TRL\) \| [+-][\d.]+ ± 0\.000 \| ",
                      text, re.M)
+    assert "| tokens/s ratio, ours logging every step ÷ TRL |" in text
     assert "TRL 1.16.0 (GRPOTrainer)" in text and "every 10 training steps" in text
     assert not (REPO / "hf_model").exists()
 
