@@ -1,10 +1,11 @@
 """How far each recipe of ``lightning_adv.recipes`` is from the same-named estimator of
 verl, OpenRLHF and TRL, measured on one typical batch.
 
-The peers' estimators are re-implemented here from their documented formulas (verl's
-``core_algos.py``, OpenRLHF's ``experience_maker.py``, TRL's ``GRPOTrainer`` and
-``RLOOTrainer``), each with its own constants (eps, biased or unbiased std, the rule for
-a group of one, where the KL penalty enters), and compared with the recipe's advantages
+verl's estimators run verl's released code (the pinned ``core_algos.py`` of verl 0.9.1,
+its sha256 checked); OpenRLHF's (``experience_maker.py``) and TRL's (``GRPOTrainer`` and
+``RLOOTrainer``, which compute them inline) are re-implemented here from their code, each
+with its own constants (eps, biased or unbiased std, the rule for a group of one, where
+the KL penalty enters). Each is compared with the recipe's advantages
 on the generated tokens. The batch: 16 prompts x 8 responses, binary rewards (each
 prompt's success rate uniform in [0, 1]; graded rewards in quarters for pass@k, where a
 binary group rarely has a unique best), a second binary "format" reward for the
@@ -23,15 +24,21 @@ elsewhere by default the page says so instead of measuring a different setting.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from lightning_adv import AdvantageModule, concat_batch
 from lightning_adv.recipes import recipe
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, SAMPLES = 16, 8
 MIN_LEN, MAX_LEN = 8, 48
 
@@ -106,7 +113,7 @@ def ours(name: str, batch: Batch) -> torch.Tensor:
     return out["advantages"][:, :MAX_LEN].double() * batch.mask
 
 
-# ------------------------------------------------------------------ the peers' formulas
+# ------------------------------------------------------------------ the peers
 
 def _groups(batch: Batch) -> list[torch.Tensor]:
     return [(batch.index == q).nonzero().flatten() for q in range(PROMPTS)]
@@ -128,94 +135,56 @@ def _outcome_tokens(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
     return out
 
 
-def verl_grpo(batch: Batch, std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    scores = batch.rewards.clone()
-    for rows in _groups(batch):
-        r = batch.rewards[rows]
-        mean, sd = (r.mean(), r.std()) if len(rows) > 1 else (0.0, 1.0)
-        scores[rows] = (r - mean) / (sd + eps) if std else r - mean
-    return _broadcast(scores, batch)
+def verl_core_algos() -> Any:
+    """verl's released ``core_algos`` (the pinned verl 0.9.1 file, its sha256 checked
+    against the pin the tests use): the verl columns run verl's own estimators."""
+    sys.path.insert(0, str(ROOT))  # (the pins live in the tests' support package)
+    from tests.support.peers import INSTALL, VERL_CORE_ALGOS, file_sha256
+
+    name, sha256 = VERL_CORE_ALGOS
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise SystemExit(f"the verl columns run verl's code, not importable here ({exc}): "
+                         f"{INSTALL['verl']}") from exc
+    if file_sha256(module.__file__) != sha256:
+        raise SystemExit(f"{module.__file__} is not the pinned verl 0.9.1 file "
+                         f"(sha256 {sha256})")
+    return module
 
 
-def verl_rloo(batch: Batch) -> torch.Tensor:
-    scores = batch.rewards.clone()
-    for rows in _groups(batch):
-        r, n = batch.rewards[rows], len(rows)
-        if n > 1:
-            scores[rows] = r * n / (n - 1) - r.mean() * n / (n - 1)
-    return _broadcast(scores, batch)
+def verl(estimator: str, batch: Batch, kl: float = 0.0, **kwargs: Any) -> torch.Tensor:
+    """verl's ``compute_<estimator>_advantage`` called as its trainer's
+    ``compute_advantage`` calls it: the outcome at each row's last token, and with ``kl``
+    the token KL penalty of its ``apply_kl_penalty`` (``kl_penalty="kl"``, k1) in the
+    token-level rewards; ``index`` the prompt uid of each row."""
+    from verl.trainer.config import AlgoConfig
 
-
-def verl_opo(batch: Batch) -> torch.Tensor:
-    scores = batch.rewards.clone()
-    lengths = batch.mask.sum(1)
-    for rows in _groups(batch):
-        r, l = batch.rewards[rows], lengths[rows]
-        scores[rows] = r - (l * r).sum() / l.sum()
-    return _broadcast(scores, batch)
-
-
-def verl_gpg(batch: Batch) -> torch.Tensor:
-    alpha = len(batch.rewards) / max(int(torch.count_nonzero(batch.rewards)), 1)
-    scores = batch.rewards.clone()
-    for rows in _groups(batch):
-        scores[rows] = alpha * (batch.rewards[rows] - batch.rewards[rows].mean())
-    return _broadcast(scores, batch)
-
-
-def verl_passk(batch: Batch, eps: float = 1e-6) -> torch.Tensor:
-    scores = torch.zeros_like(batch.rewards)
-    for rows in _groups(batch):
-        r = batch.rewards[rows]
-        top, where = torch.topk(r, 2)
-        scores[rows[where[0]]] = (top[0] - top[1]) / (r.std() + eps)
-    return _broadcast(scores, batch)
-
-
-def _masked_whiten_verl(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    n = mask.sum()
-    mean = (x * mask).sum() / n
-    var = ((x - mean) ** 2 * mask).sum() / n * n / (n - 1)
-    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+    core_algos = verl_core_algos()
+    token_rewards = _outcome_tokens(batch.rewards, batch)
+    if kl:
+        token_rewards = token_rewards - kl * core_algos.kl_penalty(
+            batch.old, batch.ref, kl_penalty="kl") * batch.mask
+    args = {"token_level_rewards": token_rewards, "response_mask": batch.mask, **kwargs}
+    if estimator == "remax":
+        args["reward_baselines"] = batch.baselines
+    else:
+        args["index"] = np.array([f"prompt-{int(q)}" for q in batch.index], dtype=object)
+    if estimator == "grpo":  # (verl's trainer passes no config to GRPO)
+        fn = core_algos.compute_grpo_outcome_advantage
+    else:
+        fn = core_algos.get_adv_estimator_fn(estimator)
+        args["config"] = AlgoConfig()
+    if estimator == "optimal_token_baseline":
+        args.update(old_log_probs=batch.old, sum_pi_squared=batch.sum_pi_squared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        advantages, _ = fn(**args)
+    return advantages.double() * batch.mask
 
 
 def _kl_rewards(batch: Batch, coef: float) -> torch.Tensor:
     return -coef * (batch.old - batch.ref) * batch.mask
-
-
-def verl_reinforce_pp(batch: Batch, kl: float = 0.01) -> torch.Tensor:
-    token = _outcome_tokens(batch.rewards, batch) + _kl_rewards(batch, kl)
-    return _masked_whiten_verl(_returns(token, batch), batch.mask)
-
-
-def verl_reinforce_pp_baseline(batch: Batch, kl: float = 0.01) -> torch.Tensor:
-    # verl sums the token rewards (the KL penalty included) into one score per row.
-    scores = (_outcome_tokens(batch.rewards, batch) + _kl_rewards(batch, kl)).sum(1)
-    for rows in _groups(batch):
-        scores[rows] = scores[rows] - scores[rows].mean()
-    return _masked_whiten_verl(_broadcast(scores, batch), batch.mask)
-
-
-def verl_remax(batch: Batch, kl: float = 0.001) -> torch.Tensor:
-    token = _outcome_tokens(batch.rewards, batch) + _kl_rewards(batch, kl)
-    return (_returns(token, batch) - batch.baselines[:, None]) * batch.mask
-
-
-def verl_otb(batch: Batch, eps: float = 1e-8) -> torch.Tensor:
-    returns = _returns(_outcome_tokens(batch.rewards, batch), batch)
-    w = ((1 - 2 * batch.old.exp() + batch.sum_pi_squared) * batch.mask).cumsum(-1)
-    baselines = torch.zeros_like(returns)
-    for rows in _groups(batch):
-        m = batch.mask[rows]
-        baselines[rows] = ((returns[rows] * w[rows] * m).sum(0) / ((w[rows] * m).sum(0) + eps))
-        # handle_zero_tail (verl's default): a unique longest response's steps past the
-        # second longest one get baseline 0
-        lengths = m.sum(1)
-        ordered = lengths.sort().values
-        if (lengths == ordered[-1]).sum() == 1 and ordered[-1] > ordered[-2]:
-            longest = rows[int(lengths.argmax())]
-            baselines[longest, int(ordered[-2]):] = 0.0
-    return (returns - baselines) * batch.mask
 
 
 def _whiten_openrlhf(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -274,42 +243,44 @@ def trl_rloo(batch: Batch, beta: float = 0.05) -> torch.Tensor:
 #: recipe -> [(peer estimator, its formula, what differs)]
 COMPARISONS: dict[str, list[tuple[str, Callable[[Batch], torch.Tensor], str]]] = {
     "grpo": [
-        ("verl `grpo`", verl_grpo, "eps 1e-6 (ours 1e-5); a group of one gets r / (1 + eps)"),
+        ("verl `grpo`", lambda b: verl("grpo", b), "eps 1e-6 (ours 1e-5); a group of one gets r / (1 + eps)"),
         ("OpenRLHF `group_norm`", lambda b: openrlhf(b, "group_norm"),
          "eps 1e-9; KL in the token rewards by default (`--algo.kl.init_coef` 0.01, k1)"),
         ("TRL GRPO (`scale_rewards=group`)", lambda b: trl_grpo(b, "group"), "eps 1e-4")],
     "dr_grpo": [
-        ("verl `grpo`, `norm_adv_by_std_in_grpo=False`", lambda b: verl_grpo(b, std=False),
+        ("verl `grpo`, `norm_adv_by_std_in_grpo=False`", lambda b: verl("grpo", b, norm_adv_by_std_in_grpo=False),
          "a group of one gets r"),
         ("OpenRLHF `dr_grpo`", lambda b: openrlhf(b, "dr_grpo"), "KL in the token rewards by default"),
         ("TRL GRPO (`scale_rewards=none`)", lambda b: trl_grpo(b, "none"), "none")],
     "rloo": [
-        ("verl `rloo`", verl_rloo, "a group of one gets r"),
+        ("verl `rloo`", lambda b: verl("rloo", b), "a group of one gets r"),
         ("OpenRLHF `rloo`", lambda b: openrlhf(b, "rloo"),
          "KL in the token rewards by default (measured without)"),
         ("TRL RLOO (beta 0.05)", trl_rloo,
          "TRL subtracts beta x the sequence KL first: that is recipe `rloo_kl`")],
     "reinforce_pp": [
-        ("verl `reinforce_plus_plus`", verl_reinforce_pp, "whitening rsqrt(var + 1e-8), ours / (std + 1e-5)"),
+        ("verl `reinforce_plus_plus`", lambda b: verl("reinforce_plus_plus", b, kl=0.01), "whitening rsqrt(var + 1e-8), ours / (std + 1e-5)"),
         ("OpenRLHF `reinforce`", lambda b: openrlhf(b, "reinforce", kl=0.01),
          "biased variance, rsqrt(max(var, 1e-8))")],
     "reinforce_pp_baseline": [
-        ("verl `reinforce_plus_plus_baseline`", verl_reinforce_pp_baseline,
+        ("verl `reinforce_plus_plus_baseline`",
+         lambda b: verl("reinforce_plus_plus_baseline", b, kl=0.01),
          "verl sums the token KL into one score per row (every token the same); ours keeps it "
          "per token in the return-to-go"),
         ("OpenRLHF `reinforce_baseline`", lambda b: openrlhf(b, "reinforce_baseline", kl=0.01),
          "biased variance in the whitening")],
-    "opo": [("verl `opo`", verl_opo, "a group of one gets r")],
-    "gpg": [("verl `gpg`", verl_gpg,
+    "opo": [("verl `opo`", lambda b: verl("opo", b), "a group of one gets r")],
+    "gpg": [("verl `gpg`", lambda b: verl("gpg", b),
              "verl's alpha is B / (rows with a non-zero reward), ours B / (rows of groups whose "
              "rewards are not all equal)")],
-    "grpo_passk": [("verl `grpo_passk`", verl_passk, "none (graded rewards)")],
+    "grpo_passk": [("verl `grpo_passk`", lambda b: verl("grpo_passk", b), "none (graded rewards)")],
     "gdpo": [("TRL GRPO (`multi_objective_aggregation=normalize_then_sum`)", trl_gdpo,
               "none (two binary reward columns)")],
     "grpo_batch_std": [("TRL GRPO (`scale_rewards=batch`)", lambda b: trl_grpo(b, "batch"), "none")],
     "rloo_kl": [("TRL RLOO (beta 0.05)", trl_rloo, "none")],
-    "remax": [("verl `remax`", verl_remax, "none")],
-    "optimal_token_baseline": [("verl `optimal_token_baseline`", verl_otb, "none")],
+    "remax": [("verl `remax`", lambda b: verl("remax", b, kl=0.001), "none")],
+    "optimal_token_baseline": [("verl `optimal_token_baseline`",
+                                lambda b: verl("optimal_token_baseline", b), "none")],
 }
 
 #: recipes compared on the graded rewards
