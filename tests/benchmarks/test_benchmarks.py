@@ -159,6 +159,7 @@ def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
     assert re.search(r"^\| held-out reward, greedy \(ours − TRL\) \| [+-][\d.]+ ± 0\.000 \| ",
                      text, re.M)
     assert "| tokens/s ratio, ours logging every step ÷ TRL |" in text
+    assert "| distinct greedy responses (of 200) |" in text
     assert "TRL 1.16.0 (GRPOTrainer)" in text and "every 10 training steps" in text
     assert not (REPO / "hf_model").exists()
 
