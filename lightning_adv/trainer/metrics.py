@@ -126,10 +126,9 @@ def logging_due(trainer: Any) -> bool:
 
     The trainer hands its statistics to ``self.log`` on those steps only (the task reward
     goes every step: the progress bar, checkpoint monitors): on the others Lightning's
-    loggers would drop them, and each ``self.log`` call costs about half a millisecond
-    (torchmetrics copies the key's state), some 12 ms of a 100 ms step for its twenty-odd
-    keys. What reaches the loggers is the same; ``trainer.callback_metrics`` holds the
-    values of the last logging step."""
+    loggers would drop them, and each ``self.log`` call has a cost of its own (torchmetrics
+    copies the key's state), paid for twenty-odd keys. What reaches the loggers is the
+    same; ``trainer.callback_metrics`` holds the values of the last logging step."""
     connector = getattr(trainer, "_logger_connector", None)  # (the rule has no public name)
     return connector is None or bool(connector.should_update_logs)
 
