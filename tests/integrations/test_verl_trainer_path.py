@@ -62,13 +62,17 @@ def test_la_gae_needs_values_that_verls_trainer_passes_only_to_its_own_gae(verl)
         compute_advantage(proto, adv_estimator="la_gae", config=AlgoConfig(adv_estimator="la_gae"))
 
 
-def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
-    core = verl[0]
+def call_registered(core, name, **extra):
+    """verl's registered estimator ``name`` on a sparse-reward batch, as verl calls it."""
     data = responses(0, dense=False)
+    return core.get_adv_estimator_fn(name)(
+        token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
+        index=data["index"], **extra)
+
+
+def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
     with pytest.raises(ValueError, match=r"needs 'sum_pi_squared' and 'old_log_probs'"):
-        core.get_adv_estimator_fn("la_optimal_token_baseline")(
-            token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
-            index=data["index"])
+        call_registered(verl[0], "la_optimal_token_baseline")
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -77,20 +81,13 @@ def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
 ])
 def test_algorithm_fields_that_cannot_be_mapped_are_named(verl, field, value, message):
     core, _, AlgoConfig, _ = verl
-    data = responses(0, dense=False)
     with pytest.raises(ValueError, match=message):
-        core.get_adv_estimator_fn("la_gdpo")(
-            token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
-            index=data["index"], config=AlgoConfig(**{field: value}))
+        call_registered(core, "la_gdpo", config=AlgoConfig(**{field: value}))
 
 
 def test_an_unknown_algorithm_key_is_named(verl):
-    core = verl[0]
-    data = responses(0, dense=False)
     with pytest.raises(ValueError, match=r"algorithm.my_knob: not a field"):
-        core.get_adv_estimator_fn("la_grpo")(
-            token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
-            index=data["index"], config={"gamma": 1.0, "my_knob": 3})
+        call_registered(verl[0], "la_grpo", config={"gamma": 1.0, "my_knob": 3})
 
 
 def test_norm_adv_by_std_false_maps_grpo_onto_its_mean_only_form(verl):
