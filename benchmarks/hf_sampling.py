@@ -1,7 +1,7 @@
 """Sampling tokens/s from a Hugging Face policy, with and without the KV cache, side by
 side in one process.
 
-Times the trainer's sampler (``lightning_adv.trainer.hf_sampling.hf_generate``) with its
+Times the trainer's sampler (``lightning_adv.trainer.policies.hf.sampling.hf_generate``) with its
 KV cache and re-reading every prefix (``ppo.kv_cache: false``), and for reference
 ``transformers``' own ``generate(do_sample=True, top_k=0)`` with ``use_cache`` on and off,
 on the same left-padded chat prompts of the ``reverse`` task. Both sampler variants draw
@@ -52,7 +52,7 @@ def best_of(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
 def sampler_run(policy: Any, runtime: Any, batch: int, new_tokens: int, kv_cache: bool
                 ) -> Callable[[], int]:
     from lightning_adv.trainer.data import generator
-    from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
+    from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
 
     def run() -> int:
         groups = hf_generate(policy, runtime, list(range(batch)), 1, new_tokens, SamplingParams(),
@@ -86,9 +86,9 @@ def generate_run(policy: Any, runtime: Any, batch: int, new_tokens: int, kv_cach
 def measure(model_dir: str, batch: int, new_tokens: Sequence[int], threads: Sequence[int],
             repeats: int) -> tuple[str, list[list[str]]]:
     """The model's description and one table row per variant, token count and threads."""
-    from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
-    from lightning_adv.trainer.policy import PolicyConfig
-    from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
+    from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
+    from lightning_adv.trainer.policies.tiny_network import PolicyConfig
+    from lightning_adv.trainer.tasks.runtime import TaskConfig, TaskRuntime
 
     config = PolicyConfig(pretrained=model_dir, value_head=False)
     setup = check_hf_policy(config)

@@ -79,7 +79,7 @@ def episodes(batch: int, seq: int, vocab: int, group: int = 4) -> list[list[Any]
     padded), in prompt groups of ``group``."""
     import torch
 
-    from lightning_adv.trainer.sampling import Episode
+    from lightning_adv.trainer.tasks.episode import Episode
 
     g = torch.Generator().manual_seed(0)
     groups = []

@@ -56,10 +56,10 @@ def peak_rss_mib() -> float:
 
 
 def char_match_text(response: str, answer: str) -> float:
-    """The task's reward (``lightning_adv.trainer.text_tasks.char_match``) of a response."""
+    """The task's reward (``lightning_adv.trainer.tasks.text.char_match``) of a response."""
     from types import SimpleNamespace
 
-    from lightning_adv.trainer.text_tasks import char_match
+    from lightning_adv.trainer.tasks.text import char_match
 
     return char_match(SimpleNamespace(response=response, instance={"answer": answer}))
 
@@ -83,7 +83,7 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     s = settings
     module = PPOModule(
         policy={"pretrained": s["model"], "dtype": "float32", "value_head": False},
-        task={"dataset": s["train"], "reward": "lightning_adv.trainer.text_tasks.char_match",
+        task={"dataset": s["train"], "reward": "lightning_adv.trainer.tasks.text.char_match",
               "chat_template": "auto"},
         ppo={"prompts_per_step": s["prompts_per_step"], "n_samples": s["samples"],
              "epochs": 1, "minibatches": s["minibatches"], "lr": s["lr"],
@@ -143,7 +143,7 @@ def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lightning_adv.trainer.text_tasks import load_prompt_records
+    from lightning_adv.trainer.tasks.text import load_prompt_records
 
     s = settings
     records = load_prompt_records(s["train"])
@@ -196,7 +196,7 @@ def evaluate(models: dict[str, str], held_out: Path, seed: int, max_new_tokens: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_adv.trainer.text_tasks import load_prompt_records
+    from lightning_adv.trainer.tasks.text import load_prompt_records
 
     records = load_prompt_records(held_out)
     out = {}

@@ -118,7 +118,7 @@ def main(model_dir: str | None = None, max_steps: int = 4) -> L.Trainer:
     """Train for ``max_steps`` optimizer steps (``epochs`` per rollout)."""
     L.seed_everything(0, verbose=False)
     if model_dir is None:
-        from lightning_adv.trainer.tiny_hf_model import make_tiny  # a tiny random LM
+        from lightning_adv.trainer.policies.hf.make_tiny import make_tiny  # a tiny random LM
 
         model_dir = tempfile.mkdtemp(prefix="tiny_lm_")
         make_tiny(model_dir)

@@ -33,7 +33,7 @@ def no_repeats(prompts, completions, completion_ids, **columns):
 
 def main(model_dir: str | None = None, max_steps: int = 2, output_dir: str | None = None):
     if model_dir is None:
-        from lightning_adv.trainer.tiny_hf_model import make_tiny  # a tiny random LM
+        from lightning_adv.trainer.policies.hf.make_tiny import make_tiny  # a tiny random LM
 
         model_dir = tempfile.mkdtemp(prefix="tiny_lm_")
         make_tiny(model_dir)

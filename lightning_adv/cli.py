@@ -13,9 +13,9 @@ error prints ``error: <what>`` first, then one line pointing at ``--help`` (whic
 every field's description), not the whole usage.
 
 Run hygiene (docs/guides/cli-trainer.md): a resumed run is configured by its command line, never
-by the checkpoint's stored settings (:mod:`lightning_adv.trainer.resume`); it continues
+by the checkpoint's stored settings (:mod:`lightning_adv.trainer.run.resume`); it continues
 in the checkpoint's run directory only when that replaces nothing there, else in a new
-``version_N`` (:mod:`lightning_adv.trainer.run_dirs`); evaluations write under the
+``version_N`` (:mod:`lightning_adv.trainer.run.run_dirs`); evaluations write under the
 run's ``eval/``; the resolved config is saved without overwriting anything; Ctrl-C saves
 a checkpoint and prints the resume command; ``fit`` ends with a short summary. Failures
 are one ``error:`` line: exit 2 for a usage error, 1 for a failure during training.
@@ -37,19 +37,19 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 
 from lightning_adv.exceptions import (
     AdvantageContractError, CheckpointMismatchError, PeerRankFailed, TaskError)
-from lightning_adv.trainer.callbacks import (
+from lightning_adv.trainer.run.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
     next_version_dir, resume_command)
-from lightning_adv.trainer.evaluation import PredictionWriter
-from lightning_adv.trainer.output_filters import quiet_dependency_noise
+from lightning_adv.trainer.logs.evaluation import PredictionWriter
+from lightning_adv.trainer.run.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.trainer.resume import (
+from lightning_adv.trainer.run.resume import (
     ResumeTarget, changed_settings, describe, load_checkpoint_info, nothing_left_to_train,
     resume_target)
-from lightning_adv.trainer.run_dirs import (
+from lightning_adv.trainer.run.run_dirs import (
     EVALUATION_COMMANDS, continue_in, logger_dir, new_version, parent_lines, place_evaluation)
 from lightning_adv.trainer.setup import TrainerPlan, world_size_of
-from lightning_adv.trainer.cli_args import (
+from lightning_adv.trainer.run.cli_args import (
     STEP_COUNT_KEYS, as_step_count, empty_config_file, stage_shorthands, steps_per_epoch,
     trainer_errors, use_training_step_checkpoints)
 
@@ -77,7 +77,7 @@ SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 #: command's name -> ("module:function" called with the arguments after the name, which it
 #: parses itself, --help included; what it does, for the main --help)
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "make-tiny": ("lightning_adv.trainer.tiny_hf_model:main",
+    "make-tiny": ("lightning_adv.trainer.policies.hf.make_tiny:main",
                   "write a tiny random Hugging Face causal LM and its tokenizer"),
     "report": ("lightning_adv.visualize.report:main",
                "write one self-contained HTML page of a run directory: config, curves, "

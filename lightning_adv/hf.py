@@ -1,4 +1,4 @@
-"""Deprecated: the tiny model maker is :mod:`lightning_adv.trainer.tiny_hf_model`, and the
+"""Deprecated: the tiny model maker is :mod:`lightning_adv.trainer.policies.hf.make_tiny`, and the
 command ``python -m lightning_adv make-tiny --out DIR``.
 
 ``python -m lightning_adv.hf make-tiny ...`` still works (with a note), and so do imports
@@ -11,13 +11,13 @@ import sys
 import warnings
 from typing import Optional, Sequence
 
-from lightning_adv.trainer.hf_policy import no_progress_bars
-from lightning_adv.trainer.tiny_hf_model import (
+from lightning_adv.trainer.policies.hf.policy import no_progress_bars
+from lightning_adv.trainer.policies.hf.make_tiny import (
     ARCHITECTURES, CHAT_TEMPLATE, CORPUS_WORDS, END_OF_TEXT, IM_END, IM_START, build_model,
     build_tokenizer, make_tiny, task_corpus)
-from lightning_adv.trainer.tiny_hf_model import main as _make_tiny_main
+from lightning_adv.trainer.policies.hf.make_tiny import main as _make_tiny_main
 
-warnings.warn("lightning_adv.hf is deprecated: import lightning_adv.trainer.tiny_hf_model, and "
+warnings.warn("lightning_adv.hf is deprecated: import lightning_adv.trainer.policies.hf.make_tiny, and "
               "run python -m lightning_adv make-tiny --out DIR", DeprecationWarning, stacklevel=2)
 
 __all__ = ["ARCHITECTURES", "CHAT_TEMPLATE", "CORPUS_WORDS", "END_OF_TEXT", "IM_END", "IM_START",

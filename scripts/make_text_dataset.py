@@ -4,7 +4,7 @@
 
 Each line is ``{"prompt": "Reverse: cab", "answer": "bac"}`` (``reverse``) or
 ``{"prompt": "3+5=", "answer": "8"}`` (``addition``): the built-in tasks written as text,
-for ``lightning_adv.trainer.text_tasks.char_match`` / ``exact_match``. The same
+for ``lightning_adv.trainer.tasks.text.char_match`` / ``exact_match``. The same
 arguments write the same file; ``data/reverse_text.jsonl`` is this command's output.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_adv.trainer.text_tasks import TEXT_TASKS, write_text_dataset
+from lightning_adv.trainer.tasks.text import TEXT_TASKS, write_text_dataset
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ def plain_argv(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A tiny random Qwen2 causal LM with a ChatML tokenizer (pad token <|endoftext|>)."""
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny_lm") / "qwen2"))
 
@@ -29,7 +29,7 @@ def tiny_lm(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_no_pad(tmp_path_factory):
     """A tiny random Llama causal LM whose tokenizer has no pad token (pad = EOS)."""
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     return str(make_tiny(tmp_path_factory.mktemp("tiny_llama") / "llama", arch="llama",
                          pad_token=False))

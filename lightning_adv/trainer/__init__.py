@@ -1,7 +1,7 @@
-"""The built-in PPO trainer: a tiny transformer policy, built-in tasks, ``PPOModule``.
+"""The PPO trainer: ``PPOModule``, its policies, tasks, rollout, update, logs and runs.
 
 The names below load on first use: ``from lightning_adv.trainer import PPOModule`` imports
-Lightning, while importing a task or reward module (``lightning_adv.trainer.text_tasks``)
+Lightning, while importing a task or reward module (``lightning_adv.trainer.tasks.text``)
 alone does not (a peer trainer scoring with ``char_match`` need not load Lightning).
 """
 
@@ -10,23 +10,27 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lightning_adv.trainer import _moved
+
+_moved.install()  # the module paths of 0.2 (lightning_adv.trainer.policy, ...) still import
+
 #: Each public name and the module that defines it.
 _EXPORTS = {
     "PPOModule": "lightning_adv.trainer.ppo",
     "PPOConfig": "lightning_adv.trainer.config",
     "PRMConfig": "lightning_adv.trainer.config",
     "ScorerSpec": "lightning_adv.trainer.config",
-    "PolicyConfig": "lightning_adv.trainer.policy_config",
-    "CausalTransformer": "lightning_adv.trainer.policy",
-    "TaskConfig": "lightning_adv.trainer.tasks",
-    "Task": "lightning_adv.trainer.tasks",
-    "Sample": "lightning_adv.trainer.tasks",
-    "Turn": "lightning_adv.trainer.tasks",
-    "ReverseTask": "lightning_adv.trainer.tasks",
-    "AdditionTask": "lightning_adv.trainer.tasks",
-    "GuessTask": "lightning_adv.trainer.tasks",
-    "position_match": "lightning_adv.trainer.tasks",
-    "guess_consistency": "lightning_adv.trainer.tasks",
+    "PolicyConfig": "lightning_adv.trainer.policies.config",
+    "CausalTransformer": "lightning_adv.trainer.policies.tiny_network",
+    "TaskConfig": "lightning_adv.trainer.tasks.runtime",
+    "Task": "lightning_adv.trainer.tasks.runtime",
+    "Sample": "lightning_adv.trainer.tasks.runtime",
+    "Turn": "lightning_adv.trainer.tasks.runtime",
+    "ReverseTask": "lightning_adv.trainer.tasks.runtime",
+    "AdditionTask": "lightning_adv.trainer.tasks.runtime",
+    "GuessTask": "lightning_adv.trainer.tasks.runtime",
+    "position_match": "lightning_adv.trainer.tasks.runtime",
+    "guess_consistency": "lightning_adv.trainer.tasks.runtime",
 }
 
 __all__ = list(_EXPORTS)
@@ -46,9 +50,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
     from lightning_adv.trainer.config import PPOConfig, PRMConfig, ScorerSpec
-    from lightning_adv.trainer.policy import CausalTransformer
-    from lightning_adv.trainer.policy_config import PolicyConfig
+    from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+    from lightning_adv.trainer.policies.config import PolicyConfig
     from lightning_adv.trainer.ppo import PPOModule
-    from lightning_adv.trainer.tasks import (
+    from lightning_adv.trainer.tasks.runtime import (
         AdditionTask, GuessTask, ReverseTask, Sample, Task, TaskConfig, Turn, guess_consistency,
         position_match)

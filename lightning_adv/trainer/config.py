@@ -1,4 +1,5 @@
-"""The trainer's own config sections (``model.ppo``, ``model.prm``) and the module's
+"""The trainer's own config sections (``model.ppo`` with ``ppo.dynamic_sampling``,
+``model.prm``, ``model.evaluation``, ``model.sample_log``) and the module's
 hyper-parameters as checkpoints store them.
 
 Every section is a frozen dataclass that checks itself; :func:`coerce_config` builds one
@@ -22,12 +23,80 @@ from lightning_adv.losses.aggregation import LOSS_AGG_MODES
 from lightning_adv.losses.ppo_loss import RATIO_LEVELS
 from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig
 from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
-from lightning_adv.trainer.off_policy import ROLLOUT_DTYPES
-from lightning_adv.trainer.dynamic_sampling import DynamicSamplingConfig
-from lightning_adv.trainer.evaluation import EvalConfig
-from lightning_adv.trainer.policy_config import PolicyConfig
-from lightning_adv.trainer.sample_log import SampleLogConfig
-from lightning_adv.trainer.tasks import TaskConfig
+from lightning_adv.trainer.policies.config import PolicyConfig
+from lightning_adv.trainer.tasks.runtime import TaskConfig
+
+#: the dtypes a sampler copy (``ppo.rollout_dtype``) may be cast to
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling of a training step's prompt groups."""
+
+    enabled: bool = False
+    """drop prompt groups whose rewards are all equal and sample more prompts"""
+    max_rounds: int = 4
+    """rounds of sampling per step, the first included; then train on what there is"""
+
+    def __post_init__(self) -> None:
+        check_bool("ppo.dynamic_sampling.enabled", self.enabled)
+        check_int("ppo.dynamic_sampling.max_rounds", self.max_rounds)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: ``validate``, ``test``, ``predict`` and validation during ``fit``."""
+
+    num_prompts: int = 64
+    """held-out prompts in each of the validation and the test set (0: no evaluation, and
+    fit runs no validation)"""
+    n_samples: int = 4
+    """sampled responses per prompt (at ppo.temperature) for reward_mean and pass@k"""
+    pass_k: list[int] = field(default_factory=lambda: [1, 4])
+    """the k of each logged pass@k (each at most n_samples)"""
+    success_threshold: float = 1.0
+    """a response whose task reward is at least this solves its prompt"""
+    prompts_per_batch: int = 32
+    """held-out prompts per evaluation batch"""
+    predictions: Optional[str] = None
+    """file predict writes its JSON lines to (null: predictions.jsonl in the run directory);
+    an existing file is never overwritten (a free name is used)"""
+
+    def __post_init__(self) -> None:
+        check_int("evaluation.num_prompts", self.num_prompts, minimum=0)
+        check_int("evaluation.n_samples", self.n_samples)
+        check_int("evaluation.prompts_per_batch", self.prompts_per_batch)
+        check_number("evaluation.success_threshold", self.success_threshold)
+        if not isinstance(self.pass_k, (list, tuple)):
+            fail("evaluation.pass_k", "a list of positive integers", self.pass_k)
+        for k in self.pass_k:
+            check_int("evaluation.pass_k", k, maximum=self.n_samples)
+
+
+@dataclass(frozen=True)
+class SampleLogConfig:
+    """Sampled responses logged as text (TensorBoard's TEXT tab)."""
+
+    every_n_steps: int = 50
+    """log a table of responses every this many training steps, the first step included
+    (0: never)"""
+    count: int = 4
+    """prompts shown per table (the first response of each)"""
+    heatmap_groups: int = 2
+    """prompt groups drawn in each advantage heatmap (train/advantage_heatmap, IMAGES tab;
+    groups whose rewards differ first; 0: no heatmaps)"""
+    heatmap_responses: int = 4
+    """responses drawn per prompt group (validation: the greedy one and samples)"""
+
+    def __post_init__(self) -> None:
+        check_int("sample_log.every_n_steps", self.every_n_steps, minimum=0)
+        check_int("sample_log.count", self.count)
+        check_int("sample_log.heatmap_groups", self.heatmap_groups, minimum=0)
+        check_int("sample_log.heatmap_responses", self.heatmap_responses)
+
+    def due(self, step: int) -> bool:
+        return self.every_n_steps > 0 and step % self.every_n_steps == 0
 
 
 @dataclass(frozen=True)

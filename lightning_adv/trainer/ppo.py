@@ -1,5 +1,5 @@
 """``PPOModule``: PPO for a tiny causal transformer (or a Hugging Face model), in one
-LightningModule; on-policy, or off-policy (:mod:`~lightning_adv.trainer.off_policy`).
+LightningModule; on-policy, or off-policy (:mod:`~lightning_adv.trainer.rollout.off_policy`).
 
 A training step, top to bottom (:meth:`PPOModule.training_step`):
 
@@ -16,7 +16,7 @@ A training step, top to bottom (:meth:`PPOModule.training_step`):
    gradient-accumulating micro-batches of ``ppo.micro_batch_size`` rows when set;
 5. **log**: :class:`~lightning_adv.AdvantageMetrics` and the episode metrics, a
    histogram of advantages, every ``sample_log.every_n_steps`` steps a few responses as
-   text and as advantage heatmaps (:mod:`~lightning_adv.trainer.heatmap_log`); the KL
+   text and as advantage heatmaps (:mod:`~lightning_adv.trainer.logs.heatmap_log`); the KL
    controller takes the step's KL.
 
 Every random draw of a step comes from generators seeded by (seed, step, rank) (the
@@ -26,7 +26,7 @@ reproduces the next step exactly.
 This module holds the LightningModule's hooks; the parts live beside it: the config
 sections (:mod:`~lightning_adv.trainer.config`), the setup checks (one
 :class:`~lightning_adv.trainer.setup.TrainerPlan`, also the CLI's pre-flight check), steps
-1-2 (:mod:`~lightning_adv.trainer.rollout`) and step 4 (:mod:`~lightning_adv.trainer.update`).
+1-2 (:mod:`~lightning_adv.trainer.rollout.step`) and step 4 (:mod:`~lightning_adv.trainer.update`).
 """
 
 from __future__ import annotations
@@ -46,20 +46,20 @@ from lightning_adv.losses.kl_controllers import KLControllerConfig
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.config import PPOConfig, PRMConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
-from lightning_adv.trainer.evaluation import (
+from lightning_adv.trainer.logs.evaluation import (
     STAGES as EVAL_STAGES, EvalConfig, EvalMetrics, held_out_loader, prediction_records)
-from lightning_adv.trainer.heatmap_log import HeatmapLog
-from lightning_adv.trainer.metrics import StepMetrics, episode_kl, log_histogram, logging_due
-from lightning_adv.trainer.off_policy import (
+from lightning_adv.trainer.logs.heatmap_log import HeatmapLog
+from lightning_adv.trainer.logs.metrics import StepMetrics, episode_kl, log_histogram, logging_due
+from lightning_adv.trainer.rollout.off_policy import (
     QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
-from lightning_adv.trainer.policy_config import PolicyConfig
-from lightning_adv.trainer.resume import reconcile_checkpoint
-import lightning_adv.trainer.rollout as rollouts
-from lightning_adv.trainer.sample_log import (
+from lightning_adv.trainer.policies.config import PolicyConfig
+from lightning_adv.trainer.run.resume import reconcile_checkpoint
+import lightning_adv.trainer.rollout.step as rollouts
+from lightning_adv.trainer.logs.sample_log import (
     SampleLogConfig, evaluation_log_step, log_text, samples_markdown)
 from lightning_adv.trainer.setup import TrainerPlan
-from lightning_adv.trainer.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
-from lightning_adv.trainer.tasks import TaskConfig
+from lightning_adv.trainer.policies.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
+from lightning_adv.trainer.tasks.runtime import TaskConfig
 from lightning_adv.trainer.update import UpdateHooks, ppo_update
 
 
@@ -174,7 +174,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.hf_tokenizer is not None:
-            from lightning_adv.trainer.hf_policy import check_device_dtype
+            from lightning_adv.trainer.policies.hf.policy import check_device_dtype
 
             check_device_dtype(self.policy_config.dtype, self.device)
 
@@ -199,7 +199,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``."""
         directory = self.hf_model_dir
         if directory is not None:
-            from lightning_adv.trainer.hf_policy import save_trained_policy
+            from lightning_adv.trainer.policies.hf.policy import save_trained_policy
 
             save_trained_policy(self.trainer, self.policy, self.hf_tokenizer, directory)
 
@@ -336,7 +336,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
     def make_batch(self, groups: list[list[Any]],
                    reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
         """The SPEC §1 batch of ``groups`` with the scoring passes' keys
-        (:func:`~lightning_adv.trainer.rollout.make_batch`)."""
+        (:func:`~lightning_adv.trainer.rollout.step.make_batch`)."""
         return rollouts.make_batch(
             groups, self.policy, self.ref_policy, self.ppo_config,
             multi_turn=self.runtime.task.max_turns > 1, process_rewards=bool(self.scorers),

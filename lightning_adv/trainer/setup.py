@@ -39,13 +39,13 @@ from lightning_adv.advantage.module import AdvantageModule
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig, PRMConfig, coerce_config, module_hparams
 from lightning_adv.trainer.data import derive_seed
-from lightning_adv.trainer.evaluation import EvalConfig
-from lightning_adv.trainer.policy import CausalTransformer
-from lightning_adv.trainer.policy_config import PolicyConfig
-from lightning_adv.trainer.recipe_inputs import check_greedy_baseline
-from lightning_adv.trainer.sample_log import SampleLogConfig
-from lightning_adv.trainer.sampling import Scorer
-from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
+from lightning_adv.trainer.logs.evaluation import EvalConfig
+from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+from lightning_adv.trainer.policies.config import PolicyConfig
+from lightning_adv.trainer.rollout.recipe_inputs import check_greedy_baseline
+from lightning_adv.trainer.logs.sample_log import SampleLogConfig
+from lightning_adv.trainer.rollout.batch import Scorer
+from lightning_adv.trainer.tasks.runtime import TaskConfig, TaskRuntime
 from lightning_adv.trainer.update import build_loss
 
 #: the ``model`` section's config dataclasses, in the order they are coerced (and checked)
@@ -142,7 +142,7 @@ class TrainerPlan:
         policy with its adapters disabled). The initial weights come from ``seed`` (the
         run's), not from whatever the global RNG holds: the same seed, the same policy."""
         if self.hf is not None:
-            from lightning_adv.trainer.hf_policy import build_hf_policy
+            from lightning_adv.trainer.policies.hf.policy import build_hf_policy
 
             policy = build_hf_policy(self.policy, seed=derive_seed(seed, "init"))
             return policy, policy.reference() if self.needs_reference else None
@@ -208,7 +208,7 @@ def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> 
                              "(policy.pretrained) only; the built-in policy's turns end at "
                              "<eos> or the token limit")
         return None
-    from lightning_adv.trainer.hf_policy import check_device_dtype, check_hf_policy
+    from lightning_adv.trainer.policies.hf.policy import check_device_dtype, check_hf_policy
 
     hf = check_hf_policy(policy, task.chat_template)
     if policy.dtype == "float16" and not torch.cuda.is_available():

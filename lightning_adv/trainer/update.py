@@ -19,9 +19,9 @@ from torch import Tensor
 
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig
-from lightning_adv.trainer.logprobs import logprobs_and_entropy, picked_logprobs_and_entropy
-from lightning_adv.trainer.policy import CausalTransformer
-from lightning_adv.trainer.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
+from lightning_adv.trainer.policies.logprobs import logprobs_and_entropy, picked_logprobs_and_entropy
+from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def loss_positions_pass(policy: CausalTransformer, ids: Tensor, active: Tensor, 
                         entropy_grad: bool) -> tuple[Tensor, Optional[Tensor], Tensor]:
     """The policy's next-token log-probs, values and entropies over the ``[B, T]`` rows
     ``ids``, computed at the loss mask's positions ``active`` only
-    (:meth:`~lightning_adv.trainer.policy.CausalTransformer.forward_selected`) and 0
+    (:meth:`~lightning_adv.trainer.policies.tiny_network.CausalTransformer.forward_selected`) and 0
     elsewhere: :class:`~lightning_adv.PPOLoss` never reads the other positions, so the loss
     and its gradient are those of a full forward pass, to float rounding."""
     logits, values = policy.forward_selected(ids, active)

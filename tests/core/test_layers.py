@@ -26,7 +26,17 @@ LAYERS = {
     "lightning_adv.recipes": 6, "lightning_adv.testing": 6, "lightning_adv.visualize": 6,
     # adapters for verl and TRL: built on the library's layers, never on the trainer
     "lightning_adv.integrations": 6,
-    "lightning_adv.trainer": 7,
+    # the trainer, bottom up: what a run is made of, then what drives it
+    "lightning_adv.trainer.policies.config": 7.0, "lightning_adv.trainer.tasks": 7.0,
+    "lightning_adv.trainer.data": 7.0,
+    "lightning_adv.trainer.config": 7.1,
+    "lightning_adv.trainer.policies": 7.2,
+    "lightning_adv.trainer.run": 7.3,
+    "lightning_adv.trainer.rollout": 7.4,
+    "lightning_adv.trainer.update": 7.5, "lightning_adv.trainer.logs": 7.5,
+    "lightning_adv.trainer.setup": 7.6,
+    "lightning_adv.trainer.ppo": 7.7,
+    "lightning_adv.trainer": 7.8,
     "lightning_adv.cli": 8, "lightning_adv.__main__": 8, "lightning_adv": 8,
 }
 

@@ -50,7 +50,7 @@ def test_strategies_the_trainer_cannot_shard_with_are_refused_naming_the_key(str
                                                                              message):
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from lightning_adv.trainer.sharding import FSDP2Strategy, configure_sharding
+    from lightning_adv.trainer.policies.sharding import FSDP2Strategy, configure_sharding
 
     chosen = FSDPStrategy() if strategy == "fsdp" else FSDP2Strategy()
     with pytest.raises(ValueError, match=message):
@@ -60,7 +60,7 @@ def test_strategies_the_trainer_cannot_shard_with_are_refused_naming_the_key(str
 def test_fsdp2_is_a_strategy_name_lightning_knows():
     import lightning.pytorch as pl
 
-    from lightning_adv.trainer.sharding import FSDP2Strategy
+    from lightning_adv.trainer.policies.sharding import FSDP2Strategy
 
     trainer = pl.Trainer(strategy="fsdp2", accelerator="cpu", devices=2, logger=False,
                          enable_checkpointing=False)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightning_adv.cli import main
-from lightning_adv.trainer.tiny_hf_model import CHAT_TEMPLATE, IM_END, make_tiny
+from lightning_adv.trainer.policies.hf.make_tiny import CHAT_TEMPLATE, IM_END, make_tiny
 
 
 def test_make_tiny_writes_a_loadable_causal_lm_with_a_chat_template(tiny_lm):
@@ -90,4 +90,4 @@ def test_importing_the_old_module_warns():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "lightning_adv.hf is deprecated" in proc.stderr
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "lightning_adv.trainer.tiny_hf_model", proc.stderr
+    assert proc.stdout.strip() == "lightning_adv.trainer.policies.hf.make_tiny", proc.stderr

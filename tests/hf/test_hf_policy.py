@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, ViTConfig, ViTModel
 
-from lightning_adv.trainer.hf_policy import (
+from lightning_adv.trainer.policies.hf.policy import (
     AdapterDisabledReference, build_hf_policy, check_device_dtype, check_hf_policy)
-from lightning_adv.trainer.policy_config import PolicyConfig
+from lightning_adv.trainer.policies.config import PolicyConfig
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60], [1, 70, 80, 90, 0, 0]])
 
@@ -75,7 +75,7 @@ def test_an_unloadable_directory_names_the_key_path_expected_files_and_make_tiny
 def test_saving_prints_no_progress_bars(tmp_path, tiny_lm, capfd):
     from transformers.utils import logging
 
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     logging.enable_progress_bar()  # as a user's session might have it
     try:

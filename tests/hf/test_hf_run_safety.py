@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightning_adv.cli import main
 from lightning_adv.trainer import PolicyConfig, TaskConfig
-from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
-from lightning_adv.trainer.tasks import TaskRuntime
-from lightning_adv.trainer.tiny_hf_model import make_tiny
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
+from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 from tests.support.cli_runs import SMALL, scalars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_an_unreachable_hub_is_found_out_without_retrying(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf_home"),
                PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
-    code = ("from lightning_adv.trainer.hf_loading import check_hub_reachable\n"
+    code = ("from lightning_adv.trainer.policies.hf.loading import check_hub_reachable\n"
             "try:\n    check_hub_reachable('no-such-org/no-such-model', 'policy.pretrained')\n"
             "except ValueError as exc:\n    print(exc)\n")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -7,14 +7,14 @@ import torch
 
 from lightning_adv import ActorConfig, AdvantageModule
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
-from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
-from lightning_adv.trainer.logprobs import next_token_logprobs
-from lightning_adv.trainer.policy_config import PolicyConfig
-from lightning_adv.trainer.sampling import build_batch, score
-from lightning_adv.trainer.tasks import TaskConfig, TaskRuntime
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
+from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs
+from lightning_adv.trainer.policies.config import PolicyConfig
+from lightning_adv.trainer.rollout.batch import build_batch, score
+from lightning_adv.trainer.tasks.runtime import TaskConfig, TaskRuntime
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.text_tasks import write_text_dataset
+from lightning_adv.trainer.tasks.text import write_text_dataset
 
 PLAIN = SamplingParams()
 
@@ -52,7 +52,7 @@ def forward_logprobs(policy, batch, temperature=1.0):
 def reverse(tiny_lm, tmp_path_factory):
     # prompts of different lengths, so generation really is left-padded
     path = write_text_dataset(tmp_path_factory.mktemp("d") / "r.jsonl", "reverse", n=16)
-    task = TaskConfig(dataset=str(path), reward="lightning_adv.trainer.text_tasks.char_match")
+    task = TaskConfig(dataset=str(path), reward="lightning_adv.trainer.tasks.text.char_match")
     return setup(tiny_lm, task)
 
 
@@ -193,7 +193,7 @@ def test_top_k_1_and_tiny_top_p_are_greedy_with_full_distribution_logprobs(rever
 
 
 def test_an_episode_beyond_the_context_window_is_an_error(tiny_lm, tmp_path):
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     small = make_tiny(tmp_path / "small", max_positions=24)
     policy, runtime = setup(str(small), TaskConfig(name="guess"))

@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from lightning_adv.trainer.hf_tokenizer import HFTokenizer
+from lightning_adv.trainer.policies.hf.tokenizer import HFTokenizer
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 

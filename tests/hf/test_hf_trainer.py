@@ -22,7 +22,7 @@ from tests.support.trainer_helpers import ddp_fit
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 DATASET = str(REPO / "data" / "reverse_text.jsonl")
-CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
 HF_CONFIGS = ["hf_grpo", "hf_ppo"]
 
 
@@ -277,8 +277,8 @@ def test_greedy_baseline_and_dynamic_sampling_with_a_hf_policy(tiny_lm, tmp_path
 
 
 def char_match_text(response, answer):
-    from lightning_adv.trainer.tasks import Sample, Turn
-    from lightning_adv.trainer.text_tasks import char_match
+    from lightning_adv.trainer.tasks.runtime import Sample, Turn
+    from lightning_adv.trainer.tasks.text import char_match
 
     return char_match(Sample(0, {"answer": answer}, "", (Turn(response, (), True),), False))
 

@@ -1,4 +1,4 @@
-"""Each prompt read once for all its samples (``lightning_adv.trainer.prompt_sharing``):
+"""Each prompt read once for all its samples (``lightning_adv.trainer.policies.hf.prompt_sharing``):
 the logits, values and gradients of the shared pass equal those of one pass over the
 whole batch (Qwen2 and Llama; a value head on the trunk, a separate critic, LoRA and its
 adapter-free reference), the sampler reads each distinct prompt once and draws the
@@ -12,13 +12,13 @@ import torch
 from lightning_adv import ActorConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.hf_policy import build_hf_policy, check_hf_policy
-from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
-from lightning_adv.trainer.prompt_sharing import SharedPrompts
-from lightning_adv.trainer.tasks import TaskRuntime
-from lightning_adv.trainer.text_tasks import write_text_dataset
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
+from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
+from lightning_adv.trainer.tasks.text import write_text_dataset
 
-CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
 
 CASES = {
     "value head": {"value_head": True},

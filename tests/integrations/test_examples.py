@@ -35,7 +35,7 @@ def test_trl_example_trains_with_process_rewards_and_ppo_loss(tmp_path):
 
 def test_lightning_hf_example_trains_without_this_projects_trainer(tmp_path):
     from examples.lightning_hf_grpo import HFGRPOModule, main
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     make_tiny(tmp_path / "tiny")
     with warnings.catch_warnings():
@@ -51,7 +51,7 @@ def test_lightning_hf_example_trains_without_this_projects_trainer(tmp_path):
 
 def test_the_lightning_example_lays_rollouts_out_as_the_pipeline_reads_them(tmp_path):
     from examples.lightning_hf_grpo import HFGRPOModule
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     make_tiny(tmp_path / "tiny")
     module = HFGRPOModule(str(tmp_path / "tiny"), num_generations=3)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.peers
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     peer_module(*TRL_GRPO_TRAINER)
-    from lightning_adv.trainer.tiny_hf_model import make_tiny
+    from lightning_adv.trainer.policies.hf.make_tiny import make_tiny
 
     path = tmp_path_factory.mktemp("tiny") / "model"
     make_tiny(path)

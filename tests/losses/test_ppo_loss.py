@@ -442,8 +442,8 @@ def test_the_builtin_trainer_keeps_its_loss_and_metrics():
     clipped-surrogate loss, written out here as it was."""
     from lightning_adv import ActorConfig
     from lightning_adv.trainer.data import generator
-    from lightning_adv.trainer.logprobs import entropy, next_token_logprobs
-    from lightning_adv.trainer.policy_config import PolicyConfig
+    from lightning_adv.trainer.policies.logprobs import entropy, next_token_logprobs
+    from lightning_adv.trainer.policies.config import PolicyConfig
     from lightning_adv.trainer.ppo import PPOConfig, PPOModule
 
     class Recorder(PPOModule):

@@ -1,5 +1,5 @@
 """Two gloo processes that shard Hugging Face policies with
-:func:`lightning_adv.trainer.sharding.shard_policies` and compare every pass with an
+:func:`lightning_adv.trainer.policies.sharding.shard_policies` and compare every pass with an
 unsharded copy of the same weights (the worker of ``tests/distributed/test_sharding.py``).
 
 Each rank writes ``rank<r>.pt``: per case, how every weight is held, the largest
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_adv.trainer.hf_policy import build_hf_policy
-from lightning_adv.trainer.policy_config import PolicyConfig
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy
+from lightning_adv.trainer.policies.config import PolicyConfig
 
 #: policies with a value head on the shared trunk, with a separate critic model, and
 #: with LoRA adapters (the reference: the policy with its adapters disabled)
@@ -62,7 +62,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_case(name: str, config: PolicyConfig, mesh: Any, rank: int) -> dict[str, Any]:
-    from lightning_adv.trainer.sharding import full_state_dict, gathered_weights, shard_policies
+    from lightning_adv.trainer.policies.sharding import full_state_dict, gathered_weights, shard_policies
 
     policy, full = (build_hf_policy(config, seed=0) for _ in range(2))
     reference, full_reference = policy.reference(), full.reference()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from lightning_adv import AdvantageModule, TemporalResult
-from lightning_adv.trainer.tasks import ReverseTask, Task
+from lightning_adv.trainer.tasks.runtime import ReverseTask, Task
 
 
 def nan_reward(sample):

@@ -10,10 +10,10 @@ import torch
 from lightning_adv.recipes import recipe
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.trainer.recipe_inputs import anchor_state_ids
-from lightning_adv.trainer.sampling import build_batch, turn_end_rewards
-from lightning_adv.trainer.task_base import Sample, Turn
-from lightning_adv.trainer.tasks import CalculatorTask, TaskConfig, TaskError, TaskRuntime
+from lightning_adv.trainer.rollout.recipe_inputs import anchor_state_ids
+from lightning_adv.trainer.rollout.batch import build_batch, turn_end_rewards
+from lightning_adv.trainer.tasks.base import Sample, Turn
+from lightning_adv.trainer.tasks.runtime import CalculatorTask, TaskConfig, TaskError, TaskRuntime
 
 CALCULATOR = {"name": "calculator", "kwargs": {"max_operand": 9, "max_turns": 3}}
 TINY = {"policy": {"d_model": 16, "n_layers": 1, "n_heads": 2, "value_head": False},

@@ -16,11 +16,11 @@ from lightning_adv import ActorConfig
 from lightning_adv.recipes import recipe
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.hf_policy import build_hf_policy
-from lightning_adv.trainer.scoring import row_chunks, scoring_passes
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy
+from lightning_adv.trainer.rollout.scoring import row_chunks, scoring_passes
 
 DATASET = str(Path(__file__).resolve().parents[2] / "data" / "reverse_text.jsonl")
-CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
 LENGTH_REWARD = "tests.support.trainer_helpers.response_length_reward"
 
 

@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from lightning_adv import ActorConfig, concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer import update as ppo_module
-from lightning_adv.trainer.policy import CausalTransformer
-from lightning_adv.trainer.logprobs import logprobs_and_entropy, next_token_logprobs
-from lightning_adv.trainer.recipe_inputs import sum_pi_squared
-from lightning_adv.trainer.sampling import build_batch, generate, score
-from lightning_adv.trainer.scoring import scoring_passes
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+from lightning_adv.trainer.policies.logprobs import logprobs_and_entropy, next_token_logprobs
+from lightning_adv.trainer.rollout.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.rollout.batch import build_batch, score
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.rollout.scoring import scoring_passes
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.data import generator
 
 
@@ -187,8 +188,8 @@ def test_training_steps_equal_those_of_full_passes(monkeypatch, ppo):
         return out
 
     monkeypatch.setattr(ppo_module, "loss_positions_pass", plain_loss_inputs)
-    monkeypatch.setattr("lightning_adv.trainer.scoring.selected_passes", plain_scoring)
-    monkeypatch.setattr("lightning_adv.trainer.scoring.shared_prompt_logprobs",
+    monkeypatch.setattr("lightning_adv.trainer.rollout.scoring.selected_passes", plain_scoring)
+    monkeypatch.setattr("lightning_adv.trainer.rollout.scoring.shared_prompt_logprobs",
                         lambda *args: None)
     plain, plain_metrics = fit_params(ppo)
     # Adam divides each gradient by its own running scale, so a gradient entry that is a
@@ -285,7 +286,7 @@ def test_rollout_reads_the_last_tokens_values_only_when_they_are_used(bootstrap)
 def test_packed_causal_attention_gradcheck():
     """The written-out attention of the packed passes, its hand-written backward checked
     against finite differences (float64), with unkept positions and unread outputs."""
-    from lightning_adv.trainer.policy import _PackedCausalAttention
+    from lightning_adv.trainer.policies.tiny_network import _PackedCausalAttention
 
     g = torch.Generator().manual_seed(5)
     b, t, heads, dh = 3, 5, 2, 3
@@ -306,7 +307,7 @@ def test_packed_causal_attention_gradcheck():
 
 
 def test_environment_replies_are_checked_and_encoded_once_per_text():
-    from lightning_adv.trainer.tasks import Turn
+    from lightning_adv.trainer.tasks.runtime import Turn
 
     runtime = TaskRuntime(TaskConfig(name="guess"))
     calls = []
@@ -328,7 +329,7 @@ def test_environment_replies_are_checked_and_encoded_once_per_text():
 
 
 def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
-    from lightning_adv.trainer.scoring import shared_prompt_logprobs
+    from lightning_adv.trainer.rollout.scoring import shared_prompt_logprobs
 
     reference = trained_looking_policy()
     reference.value_head = None

@@ -10,8 +10,8 @@ from matplotlib import colormaps
 from matplotlib import image as mpimg
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_adv.trainer.episode import Episode
-from lightning_adv.trainer.heatmap_log import chosen_groups
+from lightning_adv.trainer.tasks.episode import Episode
+from lightning_adv.trainer.logs.heatmap_log import chosen_groups
 from tests.support.cli_runs import CONFIGS, SMALL, fit
 from tests.support.trainer_helpers import ddp_fit
 from tests.support.without_package import run_without

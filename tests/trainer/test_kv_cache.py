@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from lightning_adv.trainer import PolicyConfig, TaskConfig
-from lightning_adv.trainer.policy import CausalTransformer, KVCache
-from lightning_adv.trainer.logprobs import next_token_logprobs
-from lightning_adv.trainer.sampling import build_batch, generate
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.policies.tiny_network import CausalTransformer, KVCache
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs
+from lightning_adv.trainer.rollout.batch import build_batch
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.data import generator
 
 
@@ -94,7 +95,7 @@ def test_prompts_shared_by_a_group_of_samples_are_read_once():
     """A prompt's samples share its tokens: the cache reads the group's first row and
     copies it, with the numbers of reading every row (and reads every row when a group's
     rows differ)."""
-    from lightning_adv.trainer.sampling import _CachedReader
+    from lightning_adv.trainer.policies.tiny_sampling import _CachedReader
 
     policy = trained_looking_policy()
     g = torch.Generator().manual_seed(2)

@@ -16,9 +16,9 @@ import torch
 from lightning_adv import ActorConfig, PPOLoss, rollout_correction
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.hf_sampling import SamplingParams, _warpers, hf_generate
-from lightning_adv.trainer.hf_policy import build_hf_policy
-from lightning_adv.trainer.off_policy import RolloutQueue, QueuedRollout
+from lightning_adv.trainer.policies.hf.sampling import SamplingParams, _warpers, hf_generate
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy
+from lightning_adv.trainer.rollout.off_policy import RolloutQueue, QueuedRollout
 from lightning_adv.trainer.setup import TrainerPlan
 
 REPO = Path(__file__).resolve().parents[2]

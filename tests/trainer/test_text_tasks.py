@@ -11,15 +11,16 @@ import torch
 
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.evaluation import EvalConfig
-from lightning_adv.trainer.sampling import build_batch, generate, score
-from lightning_adv.trainer.tasks import Sample, TaskRuntime, Turn
+from lightning_adv.trainer.logs.evaluation import EvalConfig
+from lightning_adv.trainer.rollout.batch import build_batch, score
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.tasks.runtime import Sample, TaskRuntime, Turn
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.text_tasks import (
+from lightning_adv.trainer.tasks.text import (
     DatasetTask, char_match, exact_match, load_prompt_records, write_text_dataset)
 
 REPO = Path(__file__).resolve().parents[2]
-CHAR_MATCH = "lightning_adv.trainer.text_tasks.char_match"
+CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
 
 
 def response(text, record):
@@ -116,7 +117,7 @@ def test_dataset_task_trains_the_built_in_policy(tmp_path):
 
 
 def _policy(runtime):
-    from lightning_adv.trainer.policy import CausalTransformer
+    from lightning_adv.trainer.policies.tiny_network import CausalTransformer
 
     torch.manual_seed(0)
     width = runtime.task.max_episode_len(runtime.task.max_new_tokens)

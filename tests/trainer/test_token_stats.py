@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_adv.trainer import token_stats
-from lightning_adv.trainer.logprobs import SMALL_VOCAB, entropy, logprobs_and_entropy, next_token_logprobs, scaled_log_softmax
-from lightning_adv.trainer.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.policies.logprobs import SMALL_VOCAB, entropy, logprobs_and_entropy, next_token_logprobs, scaled_log_softmax
+from lightning_adv.trainer.rollout.recipe_inputs import sum_pi_squared
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,9 +11,10 @@ import torch
 from lightning_adv import ActorConfig, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
-from lightning_adv.trainer.logprobs import next_token_logprobs
-from lightning_adv.trainer.sampling import build_batch, generate, score
-from lightning_adv.trainer.tasks import AdditionTask, GuessTask, ReverseTask, Sample, TaskRuntime, Turn, guess_consistency, position_match
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs
+from lightning_adv.trainer.rollout.batch import build_batch, score
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.tasks.runtime import AdditionTask, GuessTask, ReverseTask, Sample, TaskRuntime, Turn, guess_consistency, position_match
 from lightning_adv.exceptions import TaskError
 
 SMALL_PPO = PPOConfig(prompts_per_step=4, n_samples=4, minibatches=2, epochs=1)

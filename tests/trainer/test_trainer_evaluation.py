@@ -14,9 +14,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightning_adv.cli import main
 from lightning_adv.trainer import TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.evaluation import EvalConfig, EvalMetrics, held_out_loader, pass_at_k
-from lightning_adv.trainer.sampling import generate, score
-from lightning_adv.trainer.tasks import ReverseTask, Sample, TaskRuntime, Turn
+from lightning_adv.trainer.logs.evaluation import EvalConfig, EvalMetrics, held_out_loader, pass_at_k
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.rollout.batch import score
+from lightning_adv.trainer.tasks.runtime import ReverseTask, Sample, TaskRuntime, Turn
 from tests.support.cli_runs import CONFIGS, SMALL, fit, scalars
 from tests.trainer.test_trainer import make_module
 

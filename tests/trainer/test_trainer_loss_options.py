@@ -135,7 +135,7 @@ def test_dr_grpo_config_is_the_recipe_with_its_loss():
 
 
 def test_rlhf_reward_adds_kl_and_process_rewards_to_the_task_reward():
-    from lightning_adv.trainer.metrics import rlhf_rewards
+    from lightning_adv.trainer.logs.metrics import rlhf_rewards
 
     out = {"kl_rewards": torch.tensor([[0.0, -0.1, -0.2, 0.0], [0.0, 0.05, 0.0, 0.0]]),
            "token_rewards": torch.tensor([[0.0, 0.5, 1.0, 9.0], [7.0, 0.25, 0.0, 0.0]]),

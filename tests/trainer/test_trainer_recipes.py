@@ -10,9 +10,9 @@ import torch
 
 from lightning_adv.recipes import recipe
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.dynamic_sampling import has_signal, sample_with_signal
+from lightning_adv.trainer.rollout.dynamic_sampling import has_signal, sample_with_signal
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.trainer.recipe_inputs import greedy_rewards
+from lightning_adv.trainer.rollout.recipe_inputs import greedy_rewards
 from tests.support.cli_runs import CONFIGS, SMALL, fit, scalars
 from tests.support.trainer_helpers import ddp_fit
 

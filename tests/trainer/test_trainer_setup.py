@@ -9,7 +9,7 @@ import pytest
 from lightning_adv import ActorConfig
 from lightning_adv.trainer import PPOModule
 from lightning_adv.trainer import setup as trainer_setup
-from lightning_adv.trainer.builtin_tasks import ReverseTask
+from lightning_adv.trainer.tasks.builtin import ReverseTask
 from lightning_adv.trainer.setup import TrainerPlan, validate_model_config
 from lightning_adv.exceptions import TaskError
 

@@ -16,13 +16,13 @@ import torch
 from lightning_adv import ActorConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.dynamic_sampling import has_signal
-from lightning_adv.trainer.evaluation import EvalMetrics, pass_at_k, prediction_records
-from lightning_adv.trainer.metrics import StepMetrics
-from lightning_adv.trainer.recipe_inputs import baseline_rewards
-from lightning_adv.trainer.sample_log import samples_markdown
-from lightning_adv.trainer.episode import Episode
-from lightning_adv.trainer.tasks import Sample, TaskRuntime, Turn
+from lightning_adv.trainer.rollout.dynamic_sampling import has_signal
+from lightning_adv.trainer.logs.evaluation import EvalMetrics, pass_at_k, prediction_records
+from lightning_adv.trainer.logs.metrics import StepMetrics
+from lightning_adv.trainer.rollout.recipe_inputs import baseline_rewards
+from lightning_adv.trainer.logs.sample_log import samples_markdown
+from lightning_adv.trainer.tasks.episode import Episode
+from lightning_adv.trainer.tasks.runtime import Sample, TaskRuntime, Turn
 from lightning_adv.exceptions import TaskError
 
 HELPER = "tests.support.trainer_helpers.sometimes_unscorable"
@@ -70,7 +70,7 @@ def test_unscorable_is_refused_by_default_naming_the_function_and_the_row(reward
 
 
 def test_exclude_accepts_only_none_and_nan():
-    from lightning_adv.trainer.tasks import is_unscorable
+    from lightning_adv.trainer.tasks.runtime import is_unscorable
 
     assert is_unscorable(None) and is_unscorable(math.nan) and is_unscorable(torch.tensor(math.nan))
     assert not any(is_unscorable(v) for v in (math.inf, -math.inf, 0.0, torch.tensor(1.0),

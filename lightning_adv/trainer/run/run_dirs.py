@@ -2,7 +2,7 @@
 adjusted (on a copy of the config) before anything is instantiated.
 
 - A resumed ``fit`` continues in its checkpoint's run directory only when
-  :func:`~lightning_adv.trainer.resume.resume_target` says so (:func:`continue_in`);
+  :func:`~lightning_adv.trainer.run.resume.resume_target` says so (:func:`continue_in`);
   otherwise it takes the next free ``version_N`` (:func:`new_version`), and its saved
   config begins with comment lines naming its parent run and checkpoint
   (:func:`parent_lines`).
@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import jsonargparse
 
-from lightning_adv.trainer.callbacks import next_version_dir
-from lightning_adv.trainer.resume import ResumeTarget, describe, run_dir_of
+from lightning_adv.trainer.run.callbacks import next_version_dir
+from lightning_adv.trainer.run.resume import ResumeTarget, describe, run_dir_of
 
 #: the subcommands that only evaluate a checkpoint
 EVALUATION_COMMANDS = ("validate", "test", "predict")

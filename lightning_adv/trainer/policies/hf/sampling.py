@@ -12,7 +12,7 @@
 - A row's turn ends at an EOS token (the tokenizer's and the model's generation config's),
   at a ``task.stop_strings`` match in the turn's decoded text, or at ``max_new_tokens``;
   then the task's environment may answer (loss mask 0, ``turn_ids`` -1) and the row goes on.
-- The episodes keep only real tokens, so :func:`~lightning_adv.trainer.sampling.build_batch`
+- The episodes keep only real tokens, so :func:`~lightning_adv.trainer.rollout.batch.build_batch`
   writes them left-aligned and right-padded: the SPEC §1 batch.
 
 Tokens are drawn with the step's ``torch.Generator`` from the temperature-scaled logits,
@@ -36,11 +36,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.episode import Episode, start_episodes
-from lightning_adv.trainer.sampling import finite_or_raise
-from lightning_adv.trainer.task_base import Turn
+from lightning_adv.trainer.tasks.episode import Episode, start_episodes
+from lightning_adv.trainer.policies.base import finite_or_raise
+from lightning_adv.trainer.tasks.base import Turn
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class _Rows:
     def prefill_shared(self) -> Tensor:
         """The first step with a KV cache: each distinct prompt among the rows' pending
         tokens is read once and its keys and values given to every row reading it
-        (:mod:`~lightning_adv.trainer.prompt_sharing`); every row's next-token logits."""
+        (:mod:`~lightning_adv.trainer.policies.hf.prompt_sharing`); every row's next-token logits."""
         distinct: dict[tuple[int, ...], int] = {}
         prompt_of_row = [distinct.setdefault(tuple(p), len(distinct)) for p in self.pending]
         width = max(len(p) for p in distinct)

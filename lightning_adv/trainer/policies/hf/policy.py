@@ -16,7 +16,7 @@ next-token convention), the reference policy of the KL terms, and the tokenizer.
   the value head as ``value_head.safetensors``.
 
 The checks made before any weights are read are in
-:mod:`~lightning_adv.trainer.hf_loading` (imported from here too).
+:mod:`~lightning_adv.trainer.policies.hf.loading` (imported from here too).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_adv.trainer.hf_loading import (  # noqa: F401 -- checks re-exported from here
+from lightning_adv.trainer.policies.hf.loading import (  # noqa: F401 -- checks re-exported from here
     HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
     local_or_hub, no_progress_bars)
-from lightning_adv.trainer.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
-from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
+from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,7 +84,7 @@ class HFPolicy(nn.Module):
     def forward(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
                 ) -> tuple[Tensor, Optional[Tensor]]:
         """``shared``: the rows that share their prompt, each distinct prompt read once
-        (:mod:`~lightning_adv.trainer.prompt_sharing`; the same numbers)."""
+        (:mod:`~lightning_adv.trainer.policies.hf.prompt_sharing`; the same numbers)."""
         trunk = self.value_head is not None and self.critic is None
         logits, hidden = causal_lm_pass(self.model, input_ids, shared, hidden=trunk)
         values = None
@@ -137,7 +137,7 @@ class HFPolicy(nn.Module):
         with no_progress_bars():  # "Writing model shards" at every checkpoint otherwise
             if self.lora is not None and state_dict is not None:
                 # a sharded policy's adapters: an unsharded copy holding the gathered weights
-                from lightning_adv.trainer.sharding import unsharded_lora_copy
+                from lightning_adv.trainer.policies.sharding import unsharded_lora_copy
 
                 model = unsharded_lora_copy(model, _part(state, "model."))
             if self.lora is not None and self.lora.save == "merged":
@@ -160,7 +160,7 @@ class HFPolicy(nn.Module):
 def save_trained_policy(trainer: Any, policy: HFPolicy, tokenizer: Any, directory: str) -> None:
     """:meth:`HFPolicy.save_pretrained` on rank 0 of ``trainer``'s run. A sharded policy's
     full weights are gathered first, on every rank (a collective)."""
-    from lightning_adv.trainer.sharding import full_state_dict, is_sharded
+    from lightning_adv.trainer.policies.sharding import full_state_dict, is_sharded
 
     state = full_state_dict(policy) if is_sharded(policy) else None
     if trainer.is_global_zero:

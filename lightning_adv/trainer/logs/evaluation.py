@@ -32,40 +32,13 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics import MeanMetric
 
-from lightning_adv.trainer.callbacks import free_path
+from lightning_adv.trainer.run.callbacks import free_path
 from lightning_adv._checks import check_int, check_number, fail
+from lightning_adv.trainer.config import EvalConfig
 
 STAGES = ("val", "test")
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """Held-out evaluation: ``validate``, ``test``, ``predict`` and validation during ``fit``."""
-
-    num_prompts: int = 64
-    """held-out prompts in each of the validation and the test set (0: no evaluation, and
-    fit runs no validation)"""
-    n_samples: int = 4
-    """sampled responses per prompt (at ppo.temperature) for reward_mean and pass@k"""
-    pass_k: list[int] = field(default_factory=lambda: [1, 4])
-    """the k of each logged pass@k (each at most n_samples)"""
-    success_threshold: float = 1.0
-    """a response whose task reward is at least this solves its prompt"""
-    prompts_per_batch: int = 32
-    """held-out prompts per evaluation batch"""
-    predictions: Optional[str] = None
-    """file predict writes its JSON lines to (null: predictions.jsonl in the run directory);
-    an existing file is never overwritten (a free name is used)"""
-
-    def __post_init__(self) -> None:
-        check_int("evaluation.num_prompts", self.num_prompts, minimum=0)
-        check_int("evaluation.n_samples", self.n_samples)
-        check_int("evaluation.prompts_per_batch", self.prompts_per_batch)
-        check_number("evaluation.success_threshold", self.success_threshold)
-        if not isinstance(self.pass_k, (list, tuple)):
-            fail("evaluation.pass_k", "a list of positive integers", self.pass_k)
-        for k in self.pass_k:
-            check_int("evaluation.pass_k", k, maximum=self.n_samples)
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:

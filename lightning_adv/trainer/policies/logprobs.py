@@ -4,7 +4,7 @@ The sampler, the scoring passes and the update all go through these functions, s
 same logits give the same numbers everywhere. Over a vocabulary of at most
 :data:`SMALL_VOCAB` tokens the log-softmax is written out; over a larger one (a Hugging
 Face model's) the logits are reduced in chunks of rows
-(:mod:`~lightning_adv.trainer.token_stats`), with no full-size float32 copy.
+(:mod:`~lightning_adv.trainer.policies.token_stats`), with no full-size float32 copy.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_adv.trainer.token_stats import token_stats
+from lightning_adv.trainer.policies.token_stats import token_stats
 
 #: Up to this vocabulary size the log-softmax is written out (see below).
 SMALL_VOCAB = 256
@@ -25,7 +25,7 @@ def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """``log_softmax(logits / temperature)`` over the vocabulary; the built-in sampler and
     the trainer use this one function, so the same logits give the same log-probs (the
     trainer's passes over a large vocabulary reduce the logits in chunks instead, with the
-    same arithmetic: :mod:`~lightning_adv.trainer.token_stats`).
+    same arithmetic: :mod:`~lightning_adv.trainer.policies.token_stats`).
 
     Over a vocabulary of a few dozen tokens torch's fused kernel is two to three times
     slower on CPU (forward and backward) than four written-out operations, which take
@@ -52,7 +52,7 @@ def entropy_of_logprobs(logp: Tensor, with_grad: bool = True) -> Tensor:
 
 def _large_vocab_stats(logits: Tensor, input_ids: Tensor, temperature: float,
                        with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """:func:`~lightning_adv.trainer.token_stats.token_stats` over ``[B, T, V]`` logits in
+    """:func:`~lightning_adv.trainer.policies.token_stats.token_stats` over ``[B, T, V]`` logits in
     the next-token convention: no full-size float32 copy of the logits is made."""
     b, t, v = logits.shape
     targets = F.pad(input_ids[:, 1:], (0, 1))  # the last column's target is dropped below
@@ -108,7 +108,7 @@ def logprobs_and_entropy(logits: Tensor, input_ids: Tensor, temperature: float =
     """:func:`next_token_logprobs` and :func:`entropy` from one log-softmax (the same
     numbers); ``entropy_grad=False`` computes the entropy outside the autograd graph (for
     a loss that only reports it). Over a large vocabulary both come from one chunked pass
-    (:mod:`~lightning_adv.trainer.token_stats`)."""
+    (:mod:`~lightning_adv.trainer.policies.token_stats`)."""
     if logits.shape[-1] > SMALL_VOCAB:
         picked, ent = _large_vocab_stats(logits, input_ids, temperature, with_entropy=True)
         assert ent is not None

@@ -6,7 +6,7 @@ with every rank a data-parallel rank) makes :meth:`PPOModule.configure_model
 
 - **Units.** ``fully_shard`` on every decoder layer (the classes the model lists in
   ``_no_split_modules``, as ``accelerate`` reads them), then on the root, the
-  :class:`~lightning_adv.trainer.hf_policy.HFPolicy` (embeddings, final norm, LM head,
+  :class:`~lightning_adv.trainer.policies.hf.policy.HFPolicy` (embeddings, final norm, LM head,
   value head). A separate critic's layers are units of their own. The frozen reference
   policy is sharded the same way, and its root gives its weights back after each pass.
 - **Sampling** reads the policy through :meth:`HFPolicy.decode_step` once per token, a

@@ -25,8 +25,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from lightning_adv.trainer.hf_tokenizer import HFTokenizer
-from lightning_adv.trainer.policy_config import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policies.hf.tokenizer import HFTokenizer
+from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors")

@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
-from lightning_adv.trainer.output_filters import DropMessages
+from lightning_adv.trainer.run.output_filters import DropMessages
 
 
 def free_path(directory: str, filename: str) -> Path:

@@ -113,14 +113,14 @@ def empty_config_file(args: list[str]) -> Optional[str]:
 LIGHTNING_CHECKPOINT_PATHS = ("lightning.pytorch.callbacks.ModelCheckpoint",
                               "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
                               "pytorch_lightning.callbacks.ModelCheckpoint")
-TRAINING_STEP_CHECKPOINT = "lightning_adv.trainer.callbacks.TrainingStepCheckpoint"
+TRAINING_STEP_CHECKPOINT = "lightning_adv.trainer.run.callbacks.TrainingStepCheckpoint"
 
 
 def use_training_step_checkpoints(trainer: Any) -> None:
     """The parsed ``trainer`` section's checkpoint callbacks, adjusted in place: removed
     when ``enable_checkpointing`` is false (the shipped configs list one, which Lightning
     would refuse), and Lightning's ``ModelCheckpoint`` replaced by
-    :class:`~lightning_adv.trainer.callbacks.TrainingStepCheckpoint`, so a checkpoint
+    :class:`~lightning_adv.trainer.run.callbacks.TrainingStepCheckpoint`, so a checkpoint
     folder speaks one unit (training steps, as the Ctrl-C checkpoint and every other step
     count of the CLI)."""
     if trainer.get("enable_checkpointing") is False and trainer.get("callbacks"):

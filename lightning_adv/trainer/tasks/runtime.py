@@ -1,9 +1,9 @@
 """A configured task at run time: :class:`TaskConfig`, :func:`build_task` and
 :class:`TaskRuntime`, which checks every call into task, reward and scorer code.
 
-``model.task`` names a built-in task (:mod:`~lightning_adv.trainer.builtin_tasks`), a
-``Task`` subclass or factory by dotted path (:mod:`~lightning_adv.trainer.task_base`), or
-a JSON-lines prompt dataset (:mod:`~lightning_adv.trainer.text_tasks`). This module is
+``model.task`` names a built-in task (:mod:`~lightning_adv.trainer.tasks.builtin`), a
+``Task`` subclass or factory by dotted path (:mod:`~lightning_adv.trainer.tasks.base`), or
+a JSON-lines prompt dataset (:mod:`~lightning_adv.trainer.tasks.text`). This module is
 also where a task's names are imported from by dotted path
 (``lightning_adv.trainer.tasks.position_match``, ``lightning_adv.trainer.tasks.Task``).
 """
@@ -25,12 +25,12 @@ from lightning_adv.config import check_json_kwargs
 from lightning_adv.config.actor import UNSCORABLE_ACTIONS
 from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.dotted_path import check_signature, import_object, resolve_callable
-from lightning_adv.trainer.builtin_tasks import (
+from lightning_adv.trainer.tasks.builtin import (
     BUILTIN_TASKS, AdditionTask, CalculatorTask, GuessTask, ReverseTask, guess_consistency,
     position_match)
-from lightning_adv.trainer.task_base import BOS, EOS, PAD, Sample, Task, Turn, Vocab
+from lightning_adv.trainer.tasks.base import BOS, EOS, PAD, Sample, Task, Turn, Vocab
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.text_tasks import DatasetTask
+from lightning_adv.trainer.tasks.text import DatasetTask
 
 
 
@@ -79,7 +79,7 @@ class TaskConfig:
             if self.reward is None:
                 raise ValueError("task.reward: a dataset task (task.dataset) needs a reward "
                                  "function by dotted path, e.g. "
-                                 "lightning_adv.trainer.text_tasks.exact_match")
+                                 "lightning_adv.trainer.tasks.text.exact_match")
         if self.chat_template not in ("auto", True, False):
             raise ValueError(f"task.chat_template: expected auto, true or false, got "
                              f"{self.chat_template!r}")
@@ -114,7 +114,7 @@ class TaskRuntime:
 
     ``tokenizer`` turns prompts and replies into tokens: the task's own character
     :class:`Vocab` by default, or a Hugging Face tokenizer's adapter
-    (:class:`~lightning_adv.trainer.hf_tokenizer.HFTokenizer`). With ``context_window``
+    (:class:`~lightning_adv.trainer.policies.hf.tokenizer.HFTokenizer`). With ``context_window``
     every prompt is checked to leave room for ``episode_budget`` more tokens.
     """
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lightning_adv.trainer.builtin_tasks import AdditionTask, ReverseTask
-from lightning_adv.trainer.task_base import Sample, Task
+from lightning_adv.trainer.tasks.builtin import AdditionTask, ReverseTask
+from lightning_adv.trainer.tasks.base import Sample, Task
 
 
 def reverse_record(rng: random.Random, alphabet: str = "abcde", min_len: int = 2,
@@ -187,7 +187,7 @@ class DatasetTask(Task):
 
     def reward(self, sample: Sample) -> float:
         raise ValueError("task.reward: a dataset task (task.dataset) has no reward of its own; "
-                         "name one by dotted path (lightning_adv.trainer.text_tasks.exact_match)")
+                         "name one by dotted path (lightning_adv.trainer.tasks.text.exact_match)")
 
 
 __all__ = ["DatasetTask", "TEXT_TASKS", "char_match", "exact_match", "load_prompt_records",

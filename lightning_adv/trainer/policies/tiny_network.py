@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_adv.trainer.policy_config import PolicyConfig
+from lightning_adv.trainer.policies.config import PolicyConfig
 
 
 class Block(nn.Module):

@@ -19,20 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_adv._checks import check_bool, check_int
+from lightning_adv.trainer.config import DynamicSamplingConfig  # noqa: F401 -- its old home
 
 
-@dataclass(frozen=True)
-class DynamicSamplingConfig:
-    """DAPO dynamic sampling of a training step's prompt groups."""
-
-    enabled: bool = False
-    """drop prompt groups whose rewards are all equal and sample more prompts"""
-    max_rounds: int = 4
-    """rounds of sampling per step, the first included; then train on what there is"""
-
-    def __post_init__(self) -> None:
-        check_bool("ppo.dynamic_sampling.enabled", self.enabled)
-        check_int("ppo.dynamic_sampling.max_rounds", self.max_rounds)
 
 
 @dataclass

@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.logprobs import SMALL_VOCAB
-from lightning_adv.trainer.sampling import generate, score
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.policies.logprobs import SMALL_VOCAB
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.rollout.batch import score
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.token_stats import sum_pi_squared_chunked
+from lightning_adv.trainer.policies.token_stats import sum_pi_squared_chunked
 
 
 def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:

@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from typing import Optional
 
-from lightning_adv.trainer.task_base import EOS, Sample, Task, Turn
+from lightning_adv.trainer.tasks.base import EOS, Sample, Task, Turn
 from lightning_adv.exceptions import TaskError
 from lightning_adv._checks import check_int, is_int
 

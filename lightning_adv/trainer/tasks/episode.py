@@ -1,7 +1,7 @@
 """One sampled episode as both samplers build it, token by token and turn by turn.
 
-The built-in sampler (:func:`~lightning_adv.trainer.sampling.generate`) and the Hugging
-Face one (:func:`~lightning_adv.trainer.hf_sampling.hf_generate`) keep an episode's
+The built-in sampler (:func:`~lightning_adv.trainer.policies.tiny_sampling.generate`) and the Hugging
+Face one (:func:`~lightning_adv.trainer.policies.hf.sampling.hf_generate`) keep an episode's
 per-token lists in step through :meth:`Episode.append_generated` and
 :meth:`Episode.append_reply`, and close a policy turn with :meth:`Episode.end_turn`
 (which asks the task's environment for its reply).
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lightning_adv.trainer.task_base import Sample, Turn
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.tasks.base import Sample, Turn
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 
 @dataclass

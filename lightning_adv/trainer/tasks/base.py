@@ -6,8 +6,8 @@ string over its own small alphabet, optionally answers between policy turns
 as a :class:`Sample` of :class:`Turn` s. With the built-in policy everything is
 character-level: one symbol is one token (:class:`Vocab`).
 
-The built-in tasks are in :mod:`~lightning_adv.trainer.builtin_tasks`, prompt datasets in
-:mod:`~lightning_adv.trainer.text_tasks`, and the runtime that builds and checks a
+The built-in tasks are in :mod:`~lightning_adv.trainer.tasks.builtin`, prompt datasets in
+:mod:`~lightning_adv.trainer.tasks.text`, and the runtime that builds and checks a
 configured task in :mod:`~lightning_adv.trainer.tasks`.
 """
 

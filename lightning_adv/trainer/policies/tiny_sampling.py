@@ -1,27 +1,24 @@
-"""Rollout generation and the SPEC §1 batch.
+"""The built-in policy's sampler (:class:`~.tiny.TinyPolicy`).
 
 :func:`generate` samples ``n_samples`` episodes per prompt with the policy, turn by turn:
 the policy writes until ``<eos>`` or the per-turn token limit, then the task's
 environment answers (its tokens are not generated: loss mask 0, turn id -1), until the
 task ends the episode or ``max_turns`` is reached. Every random draw comes from the
-generator passed in. :func:`build_batch` turns the scored episodes into the rollout
-batch and its complete metadata (one prompt group per prompt).
+generator passed in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from lightning_adv.batch.grouping import BatchMeta
-from lightning_adv.trainer.logprobs import scaled_log_softmax
-from lightning_adv.trainer.episode import Episode, start_episodes
-from lightning_adv.trainer.task_base import Sample, Turn
-from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.tasks import TaskRuntime, checked_user_number
+from lightning_adv.trainer.policies.base import finite_or_raise
+from lightning_adv.trainer.policies.logprobs import scaled_log_softmax
+from lightning_adv.trainer.tasks.base import Turn
+from lightning_adv.trainer.tasks.episode import Episode, start_episodes
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 
 @torch.no_grad()
@@ -83,7 +80,7 @@ class _CachedReader:
     head, the values of every token read."""
 
     def __init__(self, policy: torch.nn.Module, rows: int, width: int):
-        from lightning_adv.trainer.policy import KVCache
+        from lightning_adv.trainer.policies.tiny_network import KVCache
 
         self.policy = policy
         self.cache = KVCache(policy, rows, width)
@@ -178,124 +175,3 @@ def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> list[int]
     turn = Turn(text=vocab.decode(tokens), tokens=tuple(map(vocab.token_text, tokens)),
                 eos=tokens[-1] == vocab.eos_id)
     return ep.end_turn(turn, runtime)
-
-
-Scorer = tuple[str, Callable[..., Any], float, Mapping[str, Any]]
-"""(config key, function, weight, kwargs) of one process scorer"""
-
-
-def score(groups: list[list[Episode]], runtime: TaskRuntime,
-          scorers: Sequence[Scorer] = ()) -> None:
-    """Outcome rewards from the task and summed, weighted process rewards, per episode."""
-    task = runtime.task
-    known: dict[int, tuple[Any, Any]] = {}  # per prompt index: its text and target
-    for group in groups:
-        for sample_no, ep in enumerate(group):
-            if ep.index not in known:  # the task's text, not a chat rendering
-                known[ep.index] = runtime.prompt_text(ep.index), task.target(ep.instance)
-            prompt, target = known[ep.index]
-            if not isinstance(prompt, str):  # chat messages: the rendered text
-                prompt = runtime.vocab.decode(ep.tokens[: _prompt_len(ep)])
-            ep.sample = Sample(index=ep.index, instance=ep.instance, prompt=prompt,
-                               turns=tuple(ep.turns), truncated=ep.truncated, target=target)
-            ep.reward = runtime.reward(ep.sample, sample_no)
-            ep.turn_rewards = runtime.turn_rewards(ep.sample, sample_no)
-            if scorers:
-                ep.token_rewards = _process_rewards(ep, sample_no, scorers)
-
-
-def _prompt_len(ep: Episode) -> int:
-    return ep.generated.index(True) if True in ep.generated else len(ep.tokens)
-
-
-def _process_rewards(ep: Episode, sample_no: int, scorers: Sequence[Scorer]) -> list[float]:
-    """Token-aligned process rewards: per-token or per-turn scores, weighted and summed."""
-    assert ep.sample is not None
-    turn_lengths = [len(t.tokens) for t in ep.turns]
-    n_tokens = sum(turn_lengths)
-    total = [0.0] * n_tokens
-    for key, fn, weight, kwargs in scorers:
-        values = fn(ep.sample, **kwargs)
-        what = f"prompt {ep.index}, sample {sample_no} (response {ep.sample.response!r})"
-        if isinstance(values, Tensor):
-            values = values.flatten().tolist()
-        if not isinstance(values, Sequence) or isinstance(values, str):
-            raise TaskError(f"{key}: expected a list of floats (one per generated token or one "
-                             f"per turn) for {what}, got {type(values).__name__}")
-        if len(values) == n_tokens:
-            per_token = [checked_user_number(v, key, what, f"process reward [{i}]")
-                         for i, v in enumerate(values)]
-        elif len(values) == len(turn_lengths):
-            per_token = [checked_user_number(v, key, what, f"process reward of turn {i}")
-                         for i, v in enumerate(values) for _ in range(turn_lengths[i])]
-        else:
-            raise TaskError(f"{key}: expected {n_tokens} values (one per generated token) or "
-                             f"{len(turn_lengths)} (one per turn) for {what}, got {len(values)}")
-        total = [t + weight * v for t, v in zip(total, per_token)]
-    aligned = [0.0] * len(ep.tokens)
-    positions = [i for i, g in enumerate(ep.generated) if g]
-    for i, v in zip(positions, total):
-        aligned[i] = v
-    return aligned
-
-
-def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
-                process_rewards: bool, rollout_logprobs: bool = False
-                ) -> tuple[dict[str, Any], BatchMeta]:
-    """The SPEC §1 rollout batch (without model outputs) and its complete metadata: what
-    :func:`~lightning_adv.batch.grouping.concat_batch` makes of one right-padded batch per prompt
-    group, built at once (one tensor per key); with ``rollout_logprobs`` also the sampler's
-    log-probs as sampled (token-aligned, like ``logprobs``)."""
-    episodes = [ep for group in groups for ep in group]
-    width = max(len(ep.tokens) for ep in episodes)
-
-    def pad(rows: list[list[Any]], dtype: torch.dtype, fill: Any = 0) -> Tensor:
-        return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
-
-    batch = {
-        "input_ids": pad([ep.tokens for ep in episodes], torch.long),
-        "attention_mask": pad([[True] * len(ep.tokens) for ep in episodes], torch.bool, False),
-        "loss_mask": pad([[int(g) for g in ep.generated] for ep in episodes], torch.int32),
-        "logprobs": pad([ep.logprobs for ep in episodes], torch.float32, 0.0),
-        "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
-        "is_truncated": torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
-    }
-    if rollout_logprobs:
-        batch["rollout_logprobs"] = pad([ep.rollout_logprobs for ep in episodes], torch.float32, 0.0)
-    if multi_turn:  # -1 off generated tokens
-        batch["turn_ids"] = pad([[t if g else -1 for t, g in zip(ep.turn_ids, ep.generated)]
-                                 for ep in episodes], torch.long, -1)
-    if process_rewards:
-        batch["token_rewards"] = pad([ep.token_rewards or [] for ep in episodes],
-                                     torch.float32, 0.0)
-    if any(ep.turn_rewards is not None for ep in episodes):
-        batch["turn_rewards"] = pad([turn_end_rewards(ep) for ep in episodes], torch.float32, 0.0)
-    if all(ep.values is not None for ep in episodes):
-        batch["values"] = pad([ep.values for ep in episodes], torch.float32, 0.0)
-    meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
-                     traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
-                     rollout_groups=[None] * len(groups))
-    return batch, meta
-
-
-def turn_end_rewards(ep: Episode) -> list[float]:
-    """Token-aligned: each turn's reward at the turn's last generated token, 0 elsewhere."""
-    out = [0.0] * len(ep.tokens)
-    if ep.turn_rewards is None:
-        return out
-    last: dict[int, int] = {}
-    for i, (turn, generated) in enumerate(zip(ep.turn_ids, ep.generated)):
-        if generated:
-            last[turn] = i
-    for turn, position in last.items():
-        out[position] = ep.turn_rewards[turn]
-    return out
-
-
-def finite_or_raise(x: Tensor, what: str) -> Tensor:
-    # -1e9 logits of banned tokens give finite log-probs; NaN or inf means divergence.
-    if not bool(torch.isfinite(x).all()):
-        raise FloatingPointError(f"{what}: the policy produced non-finite values (diverged "
-                                 f"training? lower ppo.lr or raise ppo.max_grad_norm clipping)")
-    return x
-

@@ -1,7 +1,7 @@
 """A few sampled responses in TensorBoard every N training steps: as text (its TEXT tab),
 one table of prompt, response and task reward, the first response of each of the first
 ``count`` prompt groups; and as per-token advantage heatmaps (its IMAGES tab,
-:mod:`~lightning_adv.trainer.heatmap_log`). Validation logs its greedy responses the same
+:mod:`~lightning_adv.trainer.logs.heatmap_log`). Validation logs its greedy responses the same
 way."""
 
 from __future__ import annotations
@@ -12,31 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from lightning_adv._checks import check_int
+from lightning_adv.trainer.config import SampleLogConfig
 
 
-@dataclass(frozen=True)
-class SampleLogConfig:
-    """Sampled responses logged as text (TensorBoard's TEXT tab)."""
-
-    every_n_steps: int = 50
-    """log a table of responses every this many training steps, the first step included
-    (0: never)"""
-    count: int = 4
-    """prompts shown per table (the first response of each)"""
-    heatmap_groups: int = 2
-    """prompt groups drawn in each advantage heatmap (train/advantage_heatmap, IMAGES tab;
-    groups whose rewards differ first; 0: no heatmaps)"""
-    heatmap_responses: int = 4
-    """responses drawn per prompt group (validation: the greedy one and samples)"""
-
-    def __post_init__(self) -> None:
-        check_int("sample_log.every_n_steps", self.every_n_steps, minimum=0)
-        check_int("sample_log.count", self.count)
-        check_int("sample_log.heatmap_groups", self.heatmap_groups, minimum=0)
-        check_int("sample_log.heatmap_responses", self.heatmap_responses)
-
-    def due(self, step: int) -> bool:
-        return self.every_n_steps > 0 and step % self.every_n_steps == 0
 
 
 def _cell(text: Any) -> str:

@@ -26,8 +26,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from lightning_adv.trainer.sample_log import SampleLogConfig
-from lightning_adv.trainer.sampling import score
+from lightning_adv.trainer.logs.sample_log import SampleLogConfig
+from lightning_adv.trainer.rollout.batch import score
 from lightning_adv.visualize import advantage_heatmap, heatmap_inputs
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ matrix differently). Every rank has the same rows per step, hence the same numbe
 passes, as FSDP's collective forward needs.
 
 The built-in policy computes only the positions a pass's results are read at
-(:meth:`~lightning_adv.trainer.policy.CausalTransformer.forward_selected`): every real
+(:meth:`~lightning_adv.trainer.policies.tiny_network.CausalTransformer.forward_selected`): every real
 token when the critic's values are asked for, else every token that has a next one
 (log-probs and ``sum_pi_squared`` score the next token); the other positions hold 0.
 Its reference pass (over the whole batch at once) reads each prompt once for all of the
@@ -30,10 +30,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policy import CausalTransformer
-from lightning_adv.trainer.logprobs import next_token_logprobs, picked_logprobs
-from lightning_adv.trainer.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
-from lightning_adv.trainer.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs, picked_logprobs
+from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts, forward_rows, reads_shared_prompts
+from lightning_adv.trainer.rollout.recipe_inputs import sum_pi_squared
 
 Model = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
 
@@ -143,7 +143,7 @@ def shared_prompt_logprobs(model: CausalTransformer, ids: Tensor, lengths: Tenso
     not share their prompt (or the rows do not split into such groups). The numbers of a
     full pass, to float rounding (the prompt's share of the work is read ``group`` times
     less: about half of a ``reverse`` batch's positions)."""
-    from lightning_adv.trainer.policy import KVCache
+    from lightning_adv.trainer.policies.tiny_network import KVCache
 
     b, t = ids.shape
     if group < 2 or b % group or not bool((prompt_lengths >= 1).all()):

@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lightning_adv.trainer.hf_policy import apply_umask, no_progress_bars
+from lightning_adv.trainer.policies.hf.policy import apply_umask, no_progress_bars
 
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 

@@ -21,12 +21,14 @@ from torch import Tensor
 
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.trainer.config import PPOConfig
-from lightning_adv.trainer.dynamic_sampling import DynamicSamplingResult, sample_with_signal
-from lightning_adv.trainer.episode import Episode
-from lightning_adv.trainer.recipe_inputs import anchor_state_ids, baseline_rewards, greedy_rewards
-from lightning_adv.trainer.sampling import Scorer, build_batch, finite_or_raise, generate, score
-from lightning_adv.trainer.scoring import scoring_passes
-from lightning_adv.trainer.tasks import TaskRuntime
+from lightning_adv.trainer.rollout.dynamic_sampling import DynamicSamplingResult, sample_with_signal
+from lightning_adv.trainer.tasks.episode import Episode
+from lightning_adv.trainer.rollout.recipe_inputs import anchor_state_ids, baseline_rewards, greedy_rewards
+from lightning_adv.trainer.rollout.batch import Scorer, build_batch, score
+from lightning_adv.trainer.policies.base import finite_or_raise
+from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.rollout.scoring import scoring_passes
+from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 Groups = list[list[Episode]]
 """episodes, one list per prompt (its group)"""
@@ -42,8 +44,8 @@ def generate_episodes(policy: torch.nn.Module, runtime: TaskRuntime, indices: Se
     if not hf:
         return generate(policy, runtime, indices, n, max_new_tokens, ppo.temperature, gen,
                         kv_cache=ppo.kv_cache, greedy=greedy, last_values=last_values)
-    from lightning_adv.trainer.hf_sampling import SamplingParams, hf_generate
-    from lightning_adv.trainer.sharding import gathered_weights
+    from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+    from lightning_adv.trainer.policies.sharding import gathered_weights
 
     # top-k 1 leaves the most likely token alone: the draw is the argmax
     params = (SamplingParams(top_k=1) if greedy else
