@@ -199,6 +199,7 @@ class LightningAdvCLI(LightningCLI):
                 raise  # what a task function returned (a prompt built early): exit 1, as in training
             except (ValueError, TypeError) as exc:
                 self._usage_error(f"model.{exc}")
+        plan.keep_for_module(values)  # the module takes it: the plan is built once per run
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return plan

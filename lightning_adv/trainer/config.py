@@ -327,13 +327,12 @@ def coerce_config(cls: type, value: Any, key: str) -> Any:
 
 
 
-def module_hparams(actor: ActorConfig, policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig,
-                   prm: PRMConfig, advantage_module: str, seed: Optional[int],
-                   kl_controller: KLControllerConfig, evaluation: EvalConfig,
-                   sample_log: SampleLogConfig) -> dict[str, Any]:
-    """The module's hyper-parameters as plain YAML types (what checkpoints store)."""
-    return {"actor": dataclasses.asdict(actor), "policy": dataclasses.asdict(policy),
-            "ppo": dataclasses.asdict(ppo), "task": dataclasses.asdict(task),
-            "prm": dataclasses.asdict(prm), "advantage_module": advantage_module, "seed": seed,
-            "kl_controller": dataclasses.asdict(kl_controller),
-            "evaluation": dataclasses.asdict(evaluation), "sample_log": dataclasses.asdict(sample_log)}
+def module_hparams(sections: dict[str, Any], advantage_module: str, seed: Optional[int]
+                   ) -> dict[str, Any]:
+    """The module's hyper-parameters as plain YAML types (what checkpoints store), from its
+    config ``sections`` (name -> dataclass, in the module's argument order)."""
+    names = list(sections)
+    out = {name: dataclasses.asdict(sections[name]) for name in names[:5]}
+    out.update(advantage_module=advantage_module, seed=seed)
+    out.update({name: dataclasses.asdict(sections[name]) for name in names[5:]})
+    return out

@@ -54,13 +54,13 @@ from lightning_adv.trainer.rollout.off_policy import (
     QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.run.resume import reconcile_checkpoint
-import lightning_adv.trainer.rollout.step as rollouts
+from lightning_adv.trainer.rollout.step import BatchKeys, Rollout, sample_until_signal
 from lightning_adv.trainer.logs.sample_log import (
     SampleLogConfig, evaluation_log_step, log_text, samples_markdown)
 from lightning_adv.trainer.setup import TrainerPlan
 from lightning_adv.trainer.policies.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
 from lightning_adv.trainer.tasks.runtime import TaskConfig
-from lightning_adv.trainer.update import UpdateHooks, ppo_update
+from lightning_adv.trainer.update import Updater
 
 
 class PPOModule(ShardingHooks, pl.LightningModule):
@@ -92,7 +92,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
                  sample_log: SampleLogConfig = SampleLogConfig()):
         super().__init__()
         self.automatic_optimization = False
-        plan = TrainerPlan.build(dict(
+        plan = TrainerPlan.for_module(dict(
             actor=actor, policy=policy, ppo=ppo, task=task, prm=prm,
             advantage_module=advantage_module, seed=seed, kl_controller=kl_controller,
             evaluation=evaluation, sample_log=sample_log))
@@ -104,17 +104,19 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         self.save_hyperparameters(plan.hparams)
         self._seed = seed
         self.runtime, self.max_new_tokens = plan.runtime, plan.max_new_tokens
-        self.hf_tokenizer = plan.hf.tokenizer.tokenizer if plan.hf is not None else None
-        """the Hugging Face policy's tokenizer (saved beside it); None for the built-in policy"""
         self.advantage = plan.advantage
-        self.recipe_inputs = self.advantage.required_batch_keys
-        """optional batch keys the advantage stages read (sum_pi_squared, reward_baselines, ...)"""
         self.policy, self.ref_policy = plan.build_policies(self.seed)
         self.critic = self.policy_config.value_head
         self.scorers = plan.scorers
+        self.rollouts = Rollout(self.policy, self.ref_policy, self.runtime, self.ppo_config,
+                                scorers=self.scorers, keys=BatchKeys(
+                                    self.critic, self.actor_config.recompute_logprob,
+                                    self.advantage.required_batch_keys))
+        """sampling, scoring and batching (:class:`~lightning_adv.trainer.rollout.step.Rollout`)"""
         self.prm_shaping = plan.prm_shaping
         self.kl_controller = self.kl_controller_config.build(self.actor_config.kl_ctl)
         self.loss_fn = plan.loss
+        self.updater = Updater(self.policy, self.loss_fn, self.ppo_config, self.critic)
         self.metrics = StepMetrics(critic=self.critic)
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.eval_metrics = nn.ModuleDict({stage: EvalMetrics(self.eval_config.pass_k)
@@ -173,10 +175,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
             group["weight_decay"] = self.ppo_config.weight_decay
 
     def on_fit_start(self) -> None:
-        if self.hf_tokenizer is not None:
-            from lightning_adv.trainer.policies.hf.policy import check_device_dtype
-
-            check_device_dtype(self.policy_config.dtype, self.device)
+        self.policy.check_device(self.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed,
@@ -188,20 +187,20 @@ class PPOModule(ShardingHooks, pl.LightningModule):
 
     @property
     def hf_model_dir(self) -> Optional[str]:
-        """Where the Hugging Face policy is saved: ``<run directory>/hf_model`` (None for the
-        built-in policy)."""
-        if self.hf_tokenizer is None or self._trainer is None:
+        """Where the policy is exported: ``<run directory>/<policy.export_name>``
+        (``hf_model`` for a Hugging Face policy; None for a policy with no export)."""
+        name = self.policy.export_name
+        if name is None or self._trainer is None:
             return None
-        return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "hf_model")
+        return os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, name)
 
     def save_hf_model(self) -> None:
-        """Write the policy with ``save_pretrained`` (rank 0), with each checkpoint and at the
-        end of fit: ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``."""
+        """Export the policy (rank 0; a Hugging Face one with ``save_pretrained``), with each
+        checkpoint and at the end of fit:
+        ``AutoModelForCausalLM.from_pretrained(<run directory>/hf_model)``."""
         directory = self.hf_model_dir
         if directory is not None:
-            from lightning_adv.trainer.policies.hf.policy import save_trained_policy
-
-            save_trained_policy(self.trainer, self.policy, self.hf_tokenizer, directory)
+            self.policy.export(directory, self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
@@ -241,9 +240,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
                  ) -> tuple[list[list[Any]], list[list[Any]]]:
         """One greedy and ``evaluation.n_samples`` sampled episodes per prompt, scored."""
         gen = generator(self.seed, "eval", stage, batch_idx, self.global_rank)
-        return rollouts.evaluation_episodes(
-            self.policy, self.runtime, indices, self.ppo_config, self.max_new_tokens,
-            self.eval_config.n_samples, gen, hf=self.hf_tokenizer is not None)
+        return self.rollouts.evaluate(indices, self.eval_config.n_samples, gen)
 
     def _evaluation_step(self, batch: Tensor, batch_idx: int, stage: str) -> None:
         greedy, sampled = self.evaluate(batch.tolist(), stage, batch_idx)
@@ -278,7 +275,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
             out = self.advantage(rollout, meta, prm=self.prm_shaping,
                                  kl_coef=self.kl_controller.value)
             out.update(corrected.loss_inputs() if corrected is not None else {})
-            self.update(rollout, out, generator(self.seed, "minibatches", step, rank))
+            self.updater.step(rollout, out, generator(self.seed, "minibatches", step, rank), self)
             self.log_step(rollout, out, meta, entry.groups, fresh.sampled)  # fresh rewards
             self._update_kl_controller(out)
         self.rollout_step += 1
@@ -293,7 +290,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         groups, sampled = self.sample_groups(indices, step, rank)
         baselines = None
         if self.ppo_config.greedy_baseline:
-            baselines = self.greedy_baselines([g[0].index for g in groups])
+            baselines = self.rollouts.greedy_rewards([g[0].index for g in groups])
             self.log("train/greedy_reward", sum(baselines) / len(baselines), on_step=True,
                      on_epoch=False, batch_size=len(baselines), sync_dist=True)
         fresh = QueuedRollout(groups, sampled, baselines, version=step)
@@ -313,7 +310,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         if not dynamic.enabled:
             groups = self.rollout(indices, gen)
             return groups, groups
-        result = rollouts.sample_until_signal(
+        result = sample_until_signal(
             lambda idx: self.rollout(idx, gen), indices, self.runtime.num_prompts,
             generator(self.seed, "dynamic_sampling", step, rank), dynamic.max_rounds, step)
         self.log_dict({"train/dynamic_filtered_fraction": result.filtered_fraction,
@@ -322,41 +319,16 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         return result.groups, result.first_round
 
     def rollout(self, indices: list[int], gen: torch.Generator) -> list[list[Any]]:
-        """Sample and score ``n_samples`` episodes for each prompt index."""
+        """Sample and score ``n_samples`` episodes for each prompt index (with
+        ``ppo.rollout_dtype``'s sampler copy when set)."""
         sampler = self.rollout_copy(self.policy) if self.rollout_copy is not None else None
-        return rollouts.rollout(self.policy, self.runtime, indices, self.ppo_config,
-                                self.max_new_tokens, gen, hf=self.hf_tokenizer is not None,
-                                scorers=self.scorers, sampler=sampler)
-
-    def greedy_baselines(self, indices: list[int]) -> list[float]:
-        """The task reward of one greedy response per prompt (``ppo.greedy_baseline``)."""
-        return rollouts.greedy_baselines(self.policy, self.runtime, indices, self.ppo_config,
-                                         self.max_new_tokens, hf=self.hf_tokenizer is not None)
+        return self.rollouts.sample(indices, gen, sampler)
 
     def make_batch(self, groups: list[list[Any]],
                    reward_baselines: Optional[list[float]] = None) -> tuple[dict[str, Any], BatchMeta]:
         """The SPEC §1 batch of ``groups`` with the scoring passes' keys
-        (:func:`~lightning_adv.trainer.rollout.step.make_batch`)."""
-        return rollouts.make_batch(
-            groups, self.policy, self.ref_policy, self.ppo_config,
-            multi_turn=self.runtime.task.max_turns > 1, process_rewards=bool(self.scorers),
-            critic=self.critic, recompute_logprob=self.actor_config.recompute_logprob,
-            recipe_inputs=self.recipe_inputs, device=self.device,
-            reward_baselines=reward_baselines)
-
-    def update(self, batch: dict[str, Any], out: dict[str, Any], gen: torch.Generator) -> None:
-        """The step's PPO epochs x minibatches of optimizer steps
-        (:func:`~lightning_adv.trainer.update.ppo_update`, manual optimization)."""
-        hooks = UpdateHooks(
-            optimizer=self.optimizers(), backward=self.manual_backward,
-            clip_gradients=lambda opt, norm: self.clip_gradients(
-                opt, gradient_clip_val=norm, gradient_clip_algorithm="norm"),
-            record_loss=lambda result: self.adv_metrics.update(loss=result),
-            strategy=self._trainer.strategy if self._trainer is not None else None,
-            record_offpolicy=lambda logprobs, rollout, mask: self.offpolicy_metrics.update(
-                logprobs, rollout, mask, self.ppo_config.rollout_correction))
-        ppo_update(self.policy, self.loss_fn, self.ppo_config, self.critic, batch, out, gen,
-                   self.device, hooks)
+        (:meth:`~lightning_adv.trainer.rollout.step.Rollout.batch`)."""
+        return self.rollouts.batch(groups, self.device, reward_baselines)
 
     @torch.no_grad()
     def log_step(self, batch: dict[str, Any], out: dict[str, Any], meta: BatchMeta,

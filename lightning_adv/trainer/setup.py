@@ -9,7 +9,8 @@ the two run the same checks in the same order and cannot drift apart:
 2. combinations the trainer cannot run (:func:`check_trainer_options`) and a value head
    next to a critic-free recipe (:func:`warn_unused_critic`, a warning);
 3. a Hugging Face policy's files, tokenizer and dtype (no weights loaded), or the
-   built-in policy's sampler options (:func:`check_hf_options`);
+   built-in policy's sampler options
+   (:func:`~lightning_adv.trainer.policies.build.check_policy_options`);
 4. the task with its tokenizer and sequence budget (:func:`task_runtime`), its first
    prompts (a dataset's every line), the length penalty's budget and the shape of one
    step's rollout over the ranks (:func:`check_rollout_shape`);
@@ -22,14 +23,12 @@ Building the plan builds no network: the policies come from
 
 from __future__ import annotations
 
-import copy
 import inspect
+import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
-
-import torch
 
 from lightning_adv.config import ActorConfig, check_process_mode, critic_free_reason
 from lightning_adv.dotted_path import is_dotted_path
@@ -40,7 +39,8 @@ from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig, PRMConfig, coerce_config, module_hparams
 from lightning_adv.trainer.data import derive_seed
 from lightning_adv.trainer.logs.evaluation import EvalConfig
-from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+from lightning_adv.trainer.policies.base import Policy
+from lightning_adv.trainer.policies.build import build_policy, check_policy_options
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.rollout.recipe_inputs import check_greedy_baseline
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
@@ -55,6 +55,21 @@ SECTIONS: dict[str, type] = {
     "sample_log": SampleLogConfig}
 
 DEFAULT_ADVANTAGE_MODULE = "lightning_adv.AdvantageModule"
+
+#: the CLI's pre-flight plan, by config (:meth:`TrainerPlan.keep_for_module`)
+_PREFLIGHT: dict[str, "TrainerPlan"] = {}
+
+
+def config_key(values: Mapping[str, Any]) -> str:
+    """The ``model`` section ``values`` as a canonical string: equal for the CLI's mappings
+    and the module's dataclasses of the same config."""
+    with warnings.catch_warnings():  # (the plan's build has warned about them already)
+        warnings.simplefilter("ignore")
+        sections = {name: coerce_config(kind, values.get(name), name)
+                    for name, kind in SECTIONS.items()}
+    path = values.get("advantage_module") or DEFAULT_ADVANTAGE_MODULE
+    return json.dumps(module_hparams(sections, path, values.get("seed")), sort_keys=True,
+                      default=repr)
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,7 @@ class TrainerPlan:
         check_trainer_options(actor, prm, configs["kl_controller"])
         check_off_policy_options(actor, ppo)
         warn_unused_critic(actor, policy)
-        hf = check_hf_options(policy, ppo, task)
+        hf = check_policy_options(policy, ppo, task)
         evaluation = configs["evaluation"]
         runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, hf,
                                                         actor.unscorable_rewards,
@@ -121,9 +136,21 @@ class TrainerPlan:
     @property
     def hparams(self) -> dict[str, Any]:
         """The module's hyper-parameters as plain YAML types (what checkpoints store)."""
-        return module_hparams(self.actor, self.policy, self.ppo, self.task, self.prm,
-                              self.advantage_module, self.seed, self.kl_controller,
-                              self.evaluation, self.sample_log)
+        return module_hparams({name: getattr(self, name) for name in SECTIONS},
+                              self.advantage_module, self.seed)
+
+    @classmethod
+    def for_module(cls, values: Mapping[str, Any]) -> TrainerPlan:
+        """The plan of a ``PPOModule`` built from ``values``: the one the CLI's pre-flight
+        check built for the same config (taken, so a run builds its plan once: the dataset
+        scan, the tokenizer, the stages), else a new one."""
+        return _PREFLIGHT.pop(config_key(values), None) or cls.build(values)
+
+    def keep_for_module(self, values: Mapping[str, Any]) -> None:
+        """Hand this plan (built from ``values``) to the ``PPOModule`` built next from the same
+        config (:meth:`for_module`)."""
+        _PREFLIGHT.clear()
+        _PREFLIGHT[config_key(values)] = self
 
     @property
     def prm_shaping(self) -> Any:
@@ -137,26 +164,13 @@ class TrainerPlan:
         return (self.actor.kl_ctl > 0 or self.ppo.kl_loss_coef > 0
                 or "ref_logp" in self.advantage.required_batch_keys)
 
-    def build_policies(self, seed: int) -> tuple[torch.nn.Module, Any]:
+    def build_policies(self, seed: int) -> tuple[Policy, Any]:
         """The policy and, when a KL term needs it, the frozen reference (under LoRA the
         policy with its adapters disabled). The initial weights come from ``seed`` (the
-        run's), not from whatever the global RNG holds: the same seed, the same policy."""
-        if self.hf is not None:
-            from lightning_adv.trainer.policies.hf.policy import build_hf_policy
-
-            policy = build_hf_policy(self.policy, seed=derive_seed(seed, "init"))
-            return policy, policy.reference() if self.needs_reference else None
-        vocab = self.runtime.vocab
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, "init"))
-            policy = CausalTransformer(self.policy, len(vocab), self.max_len,
-                                       banned_tokens=(vocab.pad_id, vocab.bos_id))
-        if not self.needs_reference:
-            return policy, None
-        reference = copy.deepcopy(policy)
-        reference.value_head = None
-        reference.requires_grad_(False)  # no dropout or batch norm: mode is moot
-        return policy, reference
+        run's): the same seed, the same policy."""
+        policy = build_policy(self.policy, self.hf, self.runtime.vocab, self.max_len,
+                              derive_seed(seed, "init"))
+        return policy, policy.reference() if self.needs_reference else None
 
 
 def validate_model_config(values: Mapping[str, Any],
@@ -192,28 +206,6 @@ def resolve_scorers(prm: PRMConfig) -> list[Scorer]:
                 float(s.weight), dict(s.kwargs))
                for i, s in enumerate(prm.scorers)]
     return scorers if prm.enabled else []
-
-
-def check_hf_options(policy: PolicyConfig, ppo: PPOConfig, task: TaskConfig) -> Any:
-    """A pretrained policy's setup (files, config, tokenizer, dtype; no weights loaded), or
-    None for the built-in policy, whose sampler has no top-k / top-p and no stop strings."""
-    if policy.pretrained is None:
-        for name, off in (("top_k", 0), ("top_p", 1.0)):
-            if getattr(ppo, name) != off:
-                raise ValueError(f"ppo.{name}: supported with a Hugging Face policy "
-                                 f"(policy.pretrained) only; the built-in policy samples from "
-                                 f"the full distribution")
-        if task.stop_strings:
-            raise ValueError("task.stop_strings: supported with a Hugging Face policy "
-                             "(policy.pretrained) only; the built-in policy's turns end at "
-                             "<eos> or the token limit")
-        return None
-    from lightning_adv.trainer.policies.hf.policy import check_device_dtype, check_hf_policy
-
-    hf = check_hf_policy(policy, task.chat_template)
-    if policy.dtype == "float16" and not torch.cuda.is_available():
-        check_device_dtype(policy.dtype, "cpu")
-    return hf
 
 
 def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any,

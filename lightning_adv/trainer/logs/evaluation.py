@@ -23,7 +23,6 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -33,7 +32,6 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics import MeanMetric
 
 from lightning_adv.trainer.run.callbacks import free_path
-from lightning_adv._checks import check_int, check_number, fail
 from lightning_adv.trainer.config import EvalConfig
 
 STAGES = ("val", "test")

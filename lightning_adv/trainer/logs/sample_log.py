@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from lightning_adv._checks import check_int
-from lightning_adv.trainer.config import SampleLogConfig
+from lightning_adv.trainer.config import SampleLogConfig  # noqa: F401 -- its old home
 
 
 

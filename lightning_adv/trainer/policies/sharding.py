@@ -164,9 +164,10 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
                                                                  cpu_offload=True))
 
 
-def configure_sharding(strategy: Any, policy: nn.Module, reference: Any, *, hf: bool) -> None:
-    """What ``PPOModule.configure_model`` does under ``strategy``: shard a Hugging Face
-    policy under FSDP2; refuse the strategies the trainer cannot run sharded."""
+def configure_sharding(strategy: Any, policy: Any, reference: Any) -> None:
+    """What ``PPOModule.configure_model`` does under ``strategy``: shard the policy under
+    FSDP2 (:meth:`~lightning_adv.trainer.policies.base.Policy.shard`, which a policy that
+    cannot be sharded refuses); refuse the strategies the trainer cannot run sharded."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if isinstance(strategy, FSDPStrategy):
@@ -175,23 +176,18 @@ def configure_sharding(strategy: Any, policy: nn.Module, reference: Any, *, hf: 
                          "--trainer.strategy=fsdp2 (FSDP2, fully_shard per decoder layer)")
     if not isinstance(strategy, ModelParallelStrategy):
         return
-    if not hf:
-        raise ValueError("trainer.strategy: FSDP2 shards Hugging Face policies "
-                         "(model.policy.pretrained); the built-in policy is a few hundred "
-                         "thousand weights: use --trainer.strategy=ddp")
-    shard_policies(policy, reference, data_parallel_mesh(strategy))
+    policy.shard(data_parallel_mesh(strategy), reference)
 
 
 class ShardingHooks:
     """The Lightning hook of :class:`~lightning_adv.trainer.ppo.PPOModule` for sharding
-    (a mixin: the module holds ``policy``, ``ref_policy`` and ``hf_tokenizer``)."""
+    (a mixin: the module holds ``policy`` and ``ref_policy``)."""
 
     def configure_model(self) -> None:
         """Under ``--trainer.strategy=fsdp2`` shard the Hugging Face policy, its critic and
         the reference policy (:func:`configure_sharding`); otherwise nothing."""
         if self._trainer is not None:
-            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy,
-                               hf=self.hf_tokenizer is not None)
+            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy)
 
 
 def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:

@@ -9,42 +9,40 @@ generator passed in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policies.base import finite_or_raise
-from lightning_adv.trainer.policies.logprobs import scaled_log_softmax
+from lightning_adv.trainer.policies.base import GenerationRequest, finite_or_raise
+from lightning_adv.trainer.policies.tiny_network import small_log_softmax
 from lightning_adv.trainer.tasks.base import Turn
 from lightning_adv.trainer.tasks.episode import Episode, start_episodes
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 
 @torch.no_grad()
-def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
-             n_samples: int, max_new_tokens: int, temperature: float,
-             gen: torch.Generator, kv_cache: bool = True,
-             greedy: bool = False, last_values: bool = True) -> list[list[Episode]]:
-    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt.
-    ``greedy`` takes the most likely token at every step instead (``gen`` is not used).
+def generate(policy: torch.nn.Module, runtime: TaskRuntime, request: GenerationRequest,
+             gen: torch.Generator) -> list[list[Episode]]:
+    """Sample ``request.n_samples`` episodes for each prompt index; returns one list per
+    prompt. ``sampling.greedy`` takes the most likely token at every step instead (``gen``
+    is not used).
 
-    With ``kv_cache`` each step reads only the tokens a row has not read yet (incremental
-    decoding); without it, each step re-reads every row's whole prefix. Both sample the
-    same tokens from the same generator; with a value head, the cached path also keeps the
-    critic's values of every token, so scoring needs no second forward pass. The tokens
-    sampled last are read (one more pass) only for their values; with ``last_values``
-    false they are not, and the value after each episode's last token is 0 (the trainer
-    sets it to 0 unless ``ppo.bootstrap_truncated``).
+    With ``sampling.kv_cache`` each step reads only the tokens a row has not read yet
+    (incremental decoding); without it, each step re-reads every row's whole prefix. Both
+    sample the same tokens from the same generator; with a value head, the cached path also
+    keeps the critic's values of every token, so scoring needs no second forward pass. The
+    tokens sampled last are read (one more pass) only for their values; with
+    ``request.last_values`` false they are not, and the value after each episode's last
+    token is 0 (the trainer sets it to 0 unless ``ppo.bootstrap_truncated``).
     """
+    params, n_samples = request.sampling, request.n_samples
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
-    episodes = start_episodes(runtime, indices, n_samples)
-    width = task.max_episode_len(max_new_tokens)
+    episodes = start_episodes(runtime, request.indices, n_samples)
+    width = task.max_episode_len(request.max_new_tokens)
     rows_of_tokens = [ep.tokens + [vocab.pad_id] * (width - len(ep.tokens)) for ep in episodes]
     buffer = torch.tensor(rows_of_tokens, dtype=torch.long, device=device)
-    reader = _CachedReader(policy, len(episodes), width) if kv_cache else None
-    turn_tokens: list[list[int]] = [[] for _ in episodes]
+    reader = _CachedReader(policy, len(episodes), width) if params.kv_cache else None
+    turns = _Turns(episodes, runtime, request.max_new_tokens)
     # The samples of a prompt share its tokens: the cache reads each prompt once.
     first = None if reader is None else reader.read_prompts(
         buffer, torch.tensor([len(ep.tokens) for ep in episodes], device=device), n_samples)
@@ -61,17 +59,16 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[in
             last, first = first, None
         else:
             last = reader.read_active(buffer, rows, lengths)
-        logp = finite_or_raise(scaled_log_softmax(last, temperature), "policy logits").cpu()
-        picked = (logp.argmax(dim=-1) if greedy
+        logp = finite_or_raise(small_log_softmax(last, params.temperature), "policy logits").cpu()
+        picked = (logp.argmax(dim=-1) if params.greedy
                   else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1))
         picked_logp = logp.gather(1, picked[:, None]).squeeze(1).tolist()
         buffer[rows, lengths] = picked.to(device)
-        _take_tokens(buffer, episodes, rows, picked.tolist(), picked_logp, turn_tokens,
-                     max_new_tokens, runtime)
+        turns.take(buffer, rows, picked.tolist(), picked_logp)
 
     if reader is not None and reader.values is not None:
-        reader.finish(buffer, episodes, read_last=last_values)
-    groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
+        reader.finish(buffer, episodes, read_last=request.last_values)
+    groups = [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(request.indices))]
     return groups
 
 
@@ -143,29 +140,35 @@ class _CachedReader:
             ep.values = values[: len(ep.tokens)]
 
 
-def _take_tokens(buffer: Tensor, episodes: list[Episode], rows: list[int], picked: list[int],
-                 picked_logp: list[float], turn_tokens: list[list[int]], max_new_tokens: int,
-                 runtime: TaskRuntime) -> None:
-    """Append each of ``rows``' sampled token to its episode; a row whose turn ends (at
-    ``<eos>`` or the token limit) gets the environment's reply, written into ``buffer``
-    too (its ``[B, W]`` token rows; the sampled tokens the caller has written)."""
-    width = buffer.shape[1]
-    replies: list[int] = []  # flat buffer positions and tokens of the replies
-    reply_tokens: list[int] = []
-    for j, row in enumerate(rows):
-        ep, token = episodes[row], picked[j]
-        ep.append_generated(token, picked_logp[j])
-        turn_tokens[row].append(token)
-        if token != runtime.vocab.eos_id and len(turn_tokens[row]) < max_new_tokens:
-            continue
-        reply = _end_turn(ep, turn_tokens[row], runtime)
-        end = row * width + len(ep.tokens)
-        replies.extend(range(end - len(reply), end))
-        reply_tokens.extend(reply)
-        turn_tokens[row] = []
-    if replies:
-        buffer.view(-1)[torch.tensor(replies, device=buffer.device)] = torch.tensor(
-            reply_tokens, device=buffer.device)
+class _Turns:
+    """The episodes being sampled and each one's tokens of its current turn."""
+
+    def __init__(self, episodes: list[Episode], runtime: TaskRuntime, max_new_tokens: int):
+        self.episodes, self.runtime, self.max_new_tokens = episodes, runtime, max_new_tokens
+        self.tokens: list[list[int]] = [[] for _ in episodes]
+
+    def take(self, buffer: Tensor, rows: list[int], picked: list[int],
+             picked_logp: list[float]) -> None:
+        """Append each of ``rows``' sampled token to its episode; a row whose turn ends (at
+        ``<eos>`` or the token limit) gets the environment's reply, written into ``buffer``
+        too (its ``[B, W]`` token rows; the sampled tokens the caller has written)."""
+        width = buffer.shape[1]
+        replies: list[int] = []  # flat buffer positions and tokens of the replies
+        reply_tokens: list[int] = []
+        for j, row in enumerate(rows):
+            ep, token = self.episodes[row], picked[j]
+            ep.append_generated(token, picked_logp[j])
+            self.tokens[row].append(token)
+            if token != self.runtime.vocab.eos_id and len(self.tokens[row]) < self.max_new_tokens:
+                continue
+            reply = _end_turn(ep, self.tokens[row], self.runtime)
+            end = row * width + len(ep.tokens)
+            replies.extend(range(end - len(reply), end))
+            reply_tokens.extend(reply)
+            self.tokens[row] = []
+        if replies:
+            buffer.view(-1)[torch.tensor(replies, device=buffer.device)] = torch.tensor(
+                reply_tokens, device=buffer.device)
 
 
 def _end_turn(ep: Episode, tokens: list[int], runtime: TaskRuntime) -> list[int]:

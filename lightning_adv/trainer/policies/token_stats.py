@@ -140,3 +140,25 @@ def sum_pi_squared_chunked(logits: Tensor, temperature: float) -> Tensor:
         probs = e.div_(e.sum(-1, keepdim=True))  # softmax's arithmetic, in place
         out[start:start + step] = probs.square_().sum(-1)
     return out
+
+
+def next_token_stats(logits: Tensor, input_ids: Tensor, temperature: float = 1.0,
+                     with_entropy: bool = True, entropy_grad: bool = True
+                     ) -> tuple[Tensor, Optional[Tensor]]:
+    """:func:`token_stats` over ``[B, T, V]`` logits in the next-token convention: the
+    log-prob of token ``t+1`` at position ``t`` (last column 0) and the entropy at every
+    position, each ``[B, T]``; ``entropy_grad`` false detaches the entropy (reported only)."""
+    b, t, v = logits.shape
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))  # the last column's is dropped
+    picked, ent = token_stats(logits.reshape(b * t, v), targets.reshape(-1), temperature,
+                              with_entropy)
+    picked = torch.nn.functional.pad(picked.view(b, t)[:, :-1], (0, 1))
+    if ent is not None:
+        ent = ent.view(b, t) if entropy_grad else ent.view(b, t).detach()
+    return picked, ent
+
+
+def sum_pi_squared_rows(logits: Tensor, temperature: float) -> Tensor:
+    """:func:`sum_pi_squared_chunked` of ``[B, T, V]`` logits, ``[B, T]``."""
+    b, t, v = logits.shape
+    return sum_pi_squared_chunked(logits.reshape(b * t, v), temperature).view(b, t)

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_adv._checks import check_bool, check_int
 from lightning_adv.trainer.config import DynamicSamplingConfig  # noqa: F401 -- its old home
 
 

@@ -24,36 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.policies.logprobs import SMALL_VOCAB
-from lightning_adv.trainer.policies.tiny_sampling import generate
-from lightning_adv.trainer.rollout.batch import score
-from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.exceptions import TaskError
-from lightning_adv.trainer.policies.token_stats import sum_pi_squared_chunked
-
-
-def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
-    """[B, T]: ``sum_v softmax(logits_t / temperature)_v ** 2`` (position t predicts token
-    t+1; the caller masks positions without a next token). Over a large vocabulary in
-    chunks of rows, with no full-size float32 copy of the logits."""
-    if logits.shape[-1] > SMALL_VOCAB:
-        b, t, v = logits.shape
-        return sum_pi_squared_chunked(logits.reshape(b * t, v), temperature).view(b, t)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return (probs * probs).sum(dim=-1)
-
-
-@torch.no_grad()
-def greedy_rewards(policy: torch.nn.Module, runtime: TaskRuntime, indices: Sequence[int],
-                   max_new_tokens: int, kv_cache: bool) -> list[float]:
-    """The task reward of one greedy (argmax) response to each prompt index."""
-    was_training = policy.training
-    policy.eval()
-    groups = generate(policy, runtime, indices, 1, max_new_tokens, 1.0,
-                      torch.Generator(), kv_cache=kv_cache, greedy=True)
-    policy.train(was_training)
-    score(groups, runtime)
-    return baseline_rewards(groups)
 
 
 def baseline_rewards(groups: Sequence[Sequence[Any]]) -> list[float]:

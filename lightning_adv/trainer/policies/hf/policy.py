@@ -22,7 +22,7 @@ The checks made before any weights are read are in
 from __future__ import annotations
 
 import copy
-import os
+
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,8 +32,12 @@ from torch import Tensor, nn
 from lightning_adv.trainer.policies.hf.loading import (  # noqa: F401 -- checks re-exported from here
     HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
     local_or_hub, no_progress_bars)
-from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts, base_model_pass, causal_lm_pass
+from lightning_adv.trainer.policies.base import (
+    GenerationRequest, Policy, PromptGroups, ScoreRequest)
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policies.hf.prompt_sharing import (
+    SharedPrompts, base_model_pass, causal_lm_pass)
+from lightning_adv.trainer.policies.token_stats import next_token_stats, sum_pi_squared_rows
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,23 +58,32 @@ def _without_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-class HFPolicy(nn.Module):
+class HFPolicy(Policy):
     """A causal LM (optionally with LoRA adapters) and an optional value head.
 
     ``forward(input_ids)`` reads a right-padded ``[B, T]`` batch (causal attention keeps
     real tokens from seeing the padding after them) and returns (logits ``[B, T, V]``,
     values ``[B, T]`` or None): position ``t`` has read tokens ``0..t``.
+
+    Its shortcuts: sampling with the model's KV cache (:mod:`.sampling`), every pass over
+    a batch reading each shared prompt once (:mod:`.prompt_sharing`), and log-probs,
+    entropies and ``sum_pi_squared`` reduced over the vocabulary in chunks
+    (:mod:`~lightning_adv.trainer.policies.token_stats`).
     """
 
-    reads_shared_prompts = True
-    """``forward(input_ids, shared=...)`` reads each shared prompt once"""
+    export_name = "hf_model"
 
     def __init__(self, model: nn.Module, value_head: bool = False,
-                 critic: Optional[nn.Module] = None, lora: Optional[LoRAConfig] = None):
+                 critic: Optional[nn.Module] = None, lora: Optional[LoRAConfig] = None,
+                 tokenizer: Any = None):
         super().__init__()
         self.model = model
         self.critic = critic
         self.lora = lora
+        self.tokenizer = tokenizer
+        """saved beside the model by :meth:`export`"""
+        self.dtype_name = "auto"
+        """``policy.dtype``, checked against the device by :meth:`check_device`"""
         hidden = (critic or model).config.hidden_size
         self.value_head = nn.Linear(hidden, 1) if value_head else None
         if self.value_head is not None:
@@ -94,6 +107,42 @@ class HFPolicy(nn.Module):
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
         return logits, values
 
+    def generate(self, runtime: Any, request: GenerationRequest, gen: torch.Generator
+                 ) -> list[list[Any]]:
+        from lightning_adv.trainer.policies.hf.sampling import hf_generate
+        from lightning_adv.trainer.policies.sharding import gathered_weights
+
+        # (a sharded policy's weights are gathered once: each rank samples a different
+        # number of tokens, so no collective may run per token)
+        with gathered_weights(self):
+            return hf_generate(self, runtime, request, gen)
+
+    @torch.no_grad()
+    def token_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
+                     ) -> dict[str, Tensor]:
+        logits, values = self(ids, _shared(ids, request.prompts))
+        return _chunked_scores(logits, values, ids, lengths, request)
+
+    def train_forward(self, ids: Tensor, active: Tensor, temperature: float,
+                      entropy_grad: bool, prompts: Optional[PromptGroups] = None
+                      ) -> tuple[Tensor, Optional[Tensor], Tensor]:
+        logits, values = self(ids, _shared(ids, prompts))
+        logprobs, ent = next_token_stats(logits, ids, temperature, True, entropy_grad)
+        assert ent is not None
+        return logprobs, values, ent
+
+    def export(self, directory: str, trainer: Any) -> Optional[str]:
+        save_trained_policy(trainer, self, self.tokenizer, directory)
+        return directory
+
+    def check_device(self, device: torch.device) -> None:
+        check_device_dtype(self.dtype_name, device)
+
+    def shard(self, mesh: Any, reference: Any) -> None:
+        from lightning_adv.trainer.policies.sharding import shard_policies
+
+        shard_policies(self, reference, mesh)
+
     def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                cache: Any = None) -> tuple[Tensor, Any]:
         """One sampling step: read ``input_ids`` ``[B, n]`` after what ``cache`` holds
@@ -112,12 +161,19 @@ class HFPolicy(nn.Module):
         with self.model.disable_adapter():
             return causal_lm_pass(self.model, input_ids, shared, hidden=False)[0]
 
-    def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":
+    @torch.no_grad()
+    def reference_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
+                         ) -> dict[str, Tensor]:
+        """:meth:`token_scores` of the model with its LoRA adapters disabled."""
+        logits = self.reference_logits(ids, _shared(ids, request.prompts))
+        return _chunked_scores(logits, None, ids, lengths, request)
+
+    def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":  # type: ignore[override]
         """The reference policy: under LoRA this model with its adapters disabled, else a
         frozen copy of it as it is now (call before training)."""
         if self.lora is not None:
             return AdapterDisabledReference(self)
-        reference = FrozenHFPolicy(copy.deepcopy(self.model))
+        reference = FrozenHFPolicy(copy.deepcopy(self.model), tokenizer=self.tokenizer)
         reference.requires_grad_(False)
         return reference.eval()
 
@@ -185,17 +241,41 @@ class AdapterDisabledReference:
     A plain object, not a module: it holds no parameters of its own, so checkpoints and
     optimizers see the policy once."""
 
-    reads_shared_prompts = True
-
     def __init__(self, policy: HFPolicy):
         self.policy = policy
 
-    def __call__(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
-                 ) -> tuple[Tensor, None]:
-        return self.policy.reference_logits(input_ids, shared), None
+    def token_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
+                     ) -> dict[str, Tensor]:
+        return self.policy.reference_scores(ids, lengths, request)
 
 
-def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:
+def _shared(ids: Tensor, prompts: Optional[PromptGroups]) -> Optional[SharedPrompts]:
+    """The distinct prompts of the rows, to read once, when they come in groups (decided by
+    the group size alone: every rank of a sharded run then runs the same passes)."""
+    if prompts is None or prompts.size < 2:
+        return None
+    return SharedPrompts.of(ids, prompts.prompt_lengths)
+
+
+def _chunked_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths: Tensor,
+                    request: ScoreRequest) -> dict[str, Tensor]:
+    """:meth:`HFPolicy.token_scores` from the pass's outputs, the vocabulary reduced in
+    chunks (no full-size float32 copy of the logits)."""
+    columns = torch.arange(ids.shape[1], device=ids.device)
+    has_next = (columns[None] < (lengths - 1)[:, None]).float()
+    out = {}
+    if "values" in request.want:
+        assert values is not None, "values requested of a policy without a value head"
+        out["values"] = values.float() * (columns[None] < lengths[:, None])
+    if "logprobs" in request.want:
+        logprobs = next_token_stats(logits, ids, request.temperature, with_entropy=False)[0]
+        out["logprobs"] = logprobs * has_next
+    if "sum_pi_squared" in request.want:
+        out["sum_pi_squared"] = sum_pi_squared_rows(logits, request.temperature) * has_next
+    return out
+
+
+def build_hf_policy(policy: PolicyConfig, *, seed: int, tokenizer: Any = None) -> HFPolicy:
     """Load the pretrained policy (and critic), add LoRA adapters and the value head; the
     new parameters' initialisation is seeded by ``seed``."""
     from transformers import AutoModel, AutoModelForCausalLM
@@ -215,7 +295,9 @@ def build_hf_policy(policy: PolicyConfig, *, seed: int) -> HFPolicy:
         torch.manual_seed(seed)
         if policy.lora is not None:
             model = _with_lora(model, policy.lora)
-        built = HFPolicy(model, value_head=policy.value_head, critic=critic, lora=policy.lora)
+        built = HFPolicy(model, value_head=policy.value_head, critic=critic, lora=policy.lora,
+                         tokenizer=tokenizer)
+    built.dtype_name = policy.dtype
     return built.train()  # from_pretrained returns eval mode; the trainer switches modes
 
 

@@ -23,35 +23,24 @@ top_k=50. The behaviour log-prob stored for a token is that of the temperature-s
 their old log-probs come from a forward pass too), so the first PPO step's ratio is 1;
 its log-prob *as sampled*, in the distribution after top-k and top-p (renormalized), is
 the episode's ``rollout_logprobs`` (the rollout policy of off-policy correction).
-``kv_cache=False`` re-reads every row's whole history at each step (the same samples,
+``SamplingParams.kv_cache`` false re-reads every row's whole history at each step (the same samples,
 slower): the benchmark's baseline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from lightning_adv.trainer.tasks.episode import Episode, start_episodes
-from lightning_adv.trainer.policies.base import finite_or_raise
+from lightning_adv.trainer.policies.base import (
+    GenerationRequest, SamplingParams, finite_or_raise)
 from lightning_adv.trainer.tasks.base import Turn
 from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is drawn."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    """keep the k most likely tokens (0: all)"""
-    top_p: float = 1.0
-    """keep the smallest set of tokens whose probability reaches top_p (1.0: all)"""
 
 
 def _warpers(params: SamplingParams) -> list[Any]:
@@ -126,14 +115,17 @@ class _Rows:
 
 
 @torch.no_grad()
-def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_samples: int,
-                max_new_tokens: int, params: SamplingParams, gen: torch.Generator,
-                kv_cache: bool = True) -> list[list[Episode]]:
-    """Sample ``n_samples`` episodes for each prompt index; returns one list per prompt."""
+def hf_generate(policy: Any, runtime: TaskRuntime, request: GenerationRequest,
+                gen: torch.Generator) -> list[list[Episode]]:
+    """Sample ``request.n_samples`` episodes for each prompt index; returns one list per
+    prompt. Greedy sampling is top-k 1 at temperature 1: the draw is the argmax."""
+    params = (SamplingParams(top_k=1, kv_cache=request.sampling.kv_cache)
+              if request.sampling.greedy else request.sampling)
+    n_samples, max_new_tokens = request.n_samples, request.max_new_tokens
     vocab = runtime.vocab
     device = next(policy.parameters()).device
-    episodes = start_episodes(runtime, indices, n_samples)
-    rows = _Rows(policy, len(episodes), vocab.pad_id, device, kv_cache)
+    episodes = start_episodes(runtime, request.indices, n_samples)
+    rows = _Rows(policy, len(episodes), vocab.pad_id, device, params.kv_cache)
     for r, ep in enumerate(episodes):
         rows.pending[r] = list(ep.tokens)
     warpers = _warpers(params)
@@ -164,7 +156,7 @@ def hf_generate(policy: Any, runtime: TaskRuntime, indices: Sequence[int], n_sam
                 rows.pending[r] = [] if ep.done else [token] + reply
             else:
                 rows.pending[r] = [token]
-    return [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(indices))]
+    return [episodes[i * n_samples: (i + 1) * n_samples] for i in range(len(request.indices))]
 
 
 def _stop_string(vocab: Any, tokens: list[int], stops: tuple[str, ...]) -> Optional[str]:
