@@ -26,17 +26,7 @@ LAYERS = {
     "lightning_adv.recipes": 6, "lightning_adv.testing": 6, "lightning_adv.visualize": 6,
     # adapters for verl and TRL: built on the library's layers, never on the trainer
     "lightning_adv.integrations": 6,
-    # the trainer, bottom up: what a run is made of, then what drives it
-    "lightning_adv.trainer.policies.config": 7.0, "lightning_adv.trainer.tasks": 7.0,
-    "lightning_adv.trainer.data": 7.0,
-    "lightning_adv.trainer.config": 7.1,
-    "lightning_adv.trainer.policies": 7.2,
-    "lightning_adv.trainer.run": 7.3,
-    "lightning_adv.trainer.rollout": 7.4,
-    "lightning_adv.trainer.update": 7.5, "lightning_adv.trainer.logs": 7.5,
-    "lightning_adv.trainer.setup": 7.6,
-    "lightning_adv.trainer.ppo": 7.7,
-    "lightning_adv.trainer": 7.8,
+    "lightning_adv.trainer": 7,
     "lightning_adv.cli": 8, "lightning_adv.__main__": 8, "lightning_adv": 8,
 }
 
@@ -75,6 +65,43 @@ def runtime_imports(path: Path) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     return {module_name(p): runtime_imports(p) - {module_name(p)}
             for p in PACKAGE.rglob("*.py")}
+
+
+#: Inside the trainer (layer 7), each sub-package's floor, bottom up: what a run is made of,
+#: then what drives it. A trainer module imports only trainer modules of its own floor or
+#: below. (The architecture page's trainer table shows the same floors.)
+TRAINER_FLOORS = {
+    "lightning_adv.trainer.policies.config": 0, "lightning_adv.trainer.tasks": 0,
+    "lightning_adv.trainer.data": 0,
+    "lightning_adv.trainer.config": 1,
+    "lightning_adv.trainer.policies": 2,
+    "lightning_adv.trainer.run": 3,
+    "lightning_adv.trainer.rollout": 4,
+    "lightning_adv.trainer.update": 5, "lightning_adv.trainer.logs": 5,
+    "lightning_adv.trainer.setup": 6,
+    "lightning_adv.trainer.ppo": 7,
+    "lightning_adv.trainer": 8,
+}
+
+
+def trainer_floor(module: str) -> int:
+    match = max((p for p in TRAINER_FLOORS if module == p or module.startswith(p + ".")), key=len)
+    return TRAINER_FLOORS[match]
+
+
+def test_inside_the_trainer_every_import_goes_down_or_sideways_a_floor():
+    graph = import_graph()
+    upward = [(m, d) for m, deps in graph.items() if m.startswith("lightning_adv.trainer.")
+              for d in deps if d.startswith("lightning_adv.trainer.")
+              and not d.startswith(m + ".") and trainer_floor(d) > trainer_floor(m)]
+    assert not upward, f"trainer imports that go up a floor: {upward}"
+
+
+def test_no_trainer_sub_package_holds_more_than_ten_modules():
+    trainer = PACKAGE / "trainer"
+    for folder in [trainer, *(p for p in trainer.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= 10, (folder, sorted(p.name for p in modules))
 
 
 def test_every_import_goes_down_or_sideways_a_layer():

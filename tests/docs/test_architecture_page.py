@@ -14,7 +14,7 @@ PAGE = (REPO / "docs" / "design" / "architecture.md").read_text()
 def table_rows() -> dict[int, list[str]]:
     """Layer number -> the modules the page's table names in that row."""
     rows = {}
-    for line in PAGE.splitlines():
+    for line in PAGE.split("Inside `trainer/`")[0].splitlines():  # (the package's table)
         match = re.match(r"^\| (\d) \| (.*?) \|", line)
         if match:
             paths = re.findall(r"`([\w/.]+)`", match.group(2))
@@ -44,3 +44,33 @@ def test_every_layer_of_the_test_is_on_the_page():
 
 def test_the_picture_is_the_scripts():
     assert "../images/layers.png" in PAGE and (REPO / "docs" / "images" / "layers.png").is_file()
+
+
+def test_the_trainer_table_puts_each_sub_package_on_its_floor():
+    from tests.core.test_layers import TRAINER_FLOORS, trainer_floor
+
+    rows = {}
+    for line in PAGE.split("| floor | modules")[1].split("\n\n")[0].splitlines():
+        match = re.match(r"^\| (\d) \| (.*?) \|", line)
+        if match:
+            rows[int(match.group(1))] = [
+                "lightning_adv." + p.removesuffix("/").removesuffix(".py").replace("/", ".")
+                for p in re.findall(r"`(trainer/[\w/.]*)`", match.group(2))]
+    assert sorted(rows) == sorted(set(TRAINER_FLOORS.values()) - {max(TRAINER_FLOORS.values())})
+    for floor, modules in rows.items():
+        assert modules and all(trainer_floor(m) == floor for m in modules), (floor, modules)
+
+
+def test_every_path_where_new_things_go_exists():
+    """The "where new things go" tables of this page and of CONTRIBUTING.md name files and
+    folders that exist."""
+    contributing = (REPO / "CONTRIBUTING.md").read_text()
+    named = set()
+    for text in (PAGE, contributing):
+        table = text.split("## Where new things go")[1].split("\n## ")[0]
+        # paths with a folder in them; the page's are under lightning_adv/, or the repository's
+        named.update(p for p in re.findall(r"`([\w/.-]+/[\w/.-]*)`", table) if "<" not in p)
+    assert len(named) > 15
+    missing = [p for p in named
+               if not (REPO / p).exists() and not (REPO / "lightning_adv" / p).exists()]
+    assert not missing, missing
