@@ -60,8 +60,7 @@ class Registry(Generic[EntryT]):
         if not entry.builtin:
             self._load()  # a user's name must not take a built-in's before it loads
         old = self._entries.get(entry.name)
-        # the same function defined again (its module re-imported) replaces itself
-        if old is not None and old.path != entry.path:
+        if old is not None:
             raise ValueError(f"{caller}: {self.what} {entry.name!r} is already registered "
                              f"(by {old.path}); pick another name for {entry.path}")
         self._entries[entry.name] = entry
