@@ -459,10 +459,10 @@ FAMILY_TITLES = {
 
 
 def stages_page() -> str:
-    from lightning_adv.stages.registry import BUILTIN_STAGES, SELECTORS
+    from lightning_adv.stages.registry import SELECTORS, STAGES
 
-    lines = [GENERATED.format(source="lightning_adv/stages/registry.py (BUILTIN_STAGES) and "
-                              "the stage functions' docstrings"),
+    lines = [GENERATED.format(source="the @register_stage decorators of the stage functions "
+                              "(lightning_adv/stages/registry.py) and their docstrings"),
              "# Built-in stages", "",
              "Each built-in stage by family: the name to select it by "
              "(`actor.advantage.<family>: <name>`), the keyword arguments it takes "
@@ -473,8 +473,8 @@ def stages_page() -> str:
         lines += [f"## {title}: `{family}`", "",
                   f"{types}. `{SELECTORS[family]}` (the default) lets the module choose.", "",
                   "| name | kwargs | reads | no critic | what it computes |", "|---|---|---|---|---|"]
-        for name, stage in BUILTIN_STAGES[family].items():
-            fn = stage.fn
+        for stage in (e for e in STAGES[family].entries() if e.builtin):
+            name, fn = stage.name, stage.fn
             signature = inspect.signature(fn)
             kwargs = ", ".join(f"`{p.name}={yaml_value(p.default)}`" if p.default is not
                                inspect.Parameter.empty else f"`{p.name}`"
@@ -483,7 +483,8 @@ def stages_page() -> str:
             if not doc:
                 raise SystemExit(f"generate_reference: the built-in stage {stage.path} has no "
                                  f"docstring")
-            reads = ", ".join(f"`{k}`" for k in stage.requires) or "—"
+            reads = ", ".join([f"`{k}`" for k in stage.requires]
+                              + [f"`{k}` (if given)" for k in stage.reads]) or "—"
             lines.append(f"| `{name}` | {kwargs} | {reads} | "
                          f"{'yes' if stage.replaces_critic else ''} | {cell(doc)} |")
         lines.append("")

@@ -33,7 +33,7 @@ from lightning_adv.stages.contract_checks import (
     check_temporal_result)
 from lightning_adv.stages.gae_lambda import resolve_lambda_fn
 from lightning_adv.stages.process import resolve_process_mode
-from lightning_adv.stages.registry import builtin_stage
+from lightning_adv.stages.registry import STAGES, StageEntry, builtin_stage
 from lightning_adv.stages.resolve import Stage, resolve_stage
 from lightning_adv.stages.types import (
     AdvantageInputs, OutcomeResult, OutcomeRewardInputs, ProcessAdvantageInputs, TemporalInputs,
@@ -85,14 +85,14 @@ class AdvantageModule(nn.Module):
 
     @property
     def required_batch_keys(self) -> frozenset[str]:
-        """Optional batch keys the configured built-in stages read (their
+        """Optional batch keys the configured named stages read (their
         ``register_stage(requires=...)``), e.g. ``sum_pi_squared`` or ``reward_baselines``:
         a trainer computes them only when some stage asks."""
         keys: set[str] = set()
         for name in ("outcome", "estimator", "process"):
-            stage = getattr(self, name, None)
-            if isinstance(stage, Stage) and stage.builtin and stage.fn is not None:
-                keys.update(builtin_stage(stage.family, stage.implementation).requires)
+            entry = _entry(getattr(self, name, None))
+            if entry is not None:
+                keys.update(entry.requires)
         return frozenset(keys)
 
     @property
@@ -102,12 +102,9 @@ class AdvantageModule(nn.Module):
         when it has them."""
         keys: set[str] = set()
         for name in ("outcome", "estimator", "process"):
-            stage = getattr(self, name, None)
-            if isinstance(stage, Stage) and stage.fn is not None:
-                try:  # built-in or registered by name (a dotted path declares nothing)
-                    keys.update(builtin_stage(stage.family, stage.implementation).reads)
-                except KeyError:
-                    pass
+            entry = _entry(getattr(self, name, None))
+            if entry is not None:  # built-in or registered by name (a dotted path declares nothing)
+                keys.update(entry.reads)
         return frozenset(keys)
 
     # ------------------------------------------------------------------ entry point
@@ -267,7 +264,8 @@ class AdvantageModule(nn.Module):
         ``task_rewards`` are the rewards before the length penalty: rows of one logical
         rollout must agree on them too when their references are derived.
         """
-        identity = self.outcome.builtin and self.outcome.implementation == "identity"
+        entry = _entry(self.outcome)
+        identity = entry is not None and entry.builtin and entry.auto  # the unchanged rewards
         return normalize_outcome_rewards(outcome, task_rewards, meta, self.config,
                                          identity_outcome=identity, stage=self.outcome.where)
 
@@ -338,11 +336,12 @@ class AdvantageModule(nn.Module):
         return check(call, result)
 
     def _turn_ids_needed_by(self) -> Optional[str]:
-        if self.estimator.builtin and self.estimator.implementation == "turn_gae":
+        entry = _entry(self.estimator)
+        if entry is not None and entry.builtin and "turn_ids" in entry.requires:
             spec = self.config.advantage.estimator
             if spec is None or spec.implementation == "auto":
-                return "actor.gae_timestep_unit='turn' (estimator 'turn_gae')"
-            return "estimator 'turn_gae'"
+                return f"actor.gae_timestep_unit='turn' (estimator {entry.name!r})"
+            return f"estimator {entry.name!r}"
         return None
 
     def _output(self, batch: Mapping[str, Any], aligned: AlignedBatch, advantages: Tensor,
@@ -373,6 +372,13 @@ def _check_no_fixed_slices(config: ActorConfig) -> None:
                              f"({norm.group_size}) slices of a batch without meta into other "
                              f"prompts' groups; pass meta (concat_batch or a BatchMeta with the "
                              f"prompt groups)")
+
+
+def _entry(stage: Any) -> Optional[StageEntry]:
+    """The registry entry of a resolved stage (None: a dotted path, or the per-call mode)."""
+    if not isinstance(stage, Stage) or stage.fn is None:
+        return None
+    return STAGES[stage.family].get(stage.implementation)
 
 
 def _device_of(batch: Any) -> Optional[torch.device]:

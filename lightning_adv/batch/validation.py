@@ -21,6 +21,7 @@ from lightning_adv.config import ActorConfig
 from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv._checks import warn_caller
 from lightning_adv.exceptions import LogProbRangeWarning, UnknownBatchKeyWarning
+from lightning_adv.stages.registry import STAGES
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
@@ -311,10 +312,13 @@ def reference_logp_problem(batch: Mapping[str, Any], config: ActorConfig,
 
 
 def unused_process_stage(batch: Mapping[str, Any], config: ActorConfig) -> Optional[str]:
-    """The complaint when an explicit ``gvpo``/``process_weighted`` process stage meets a
+    """The complaint when an explicit process stage that reads ``token_rewards`` (``gvpo``,
+    ``process_weighted``: not the default ``additive``) meets a
     batch without ``token_rewards`` (the stage then returns the advantages unchanged)."""
     spec = config.advantage.process_adv_shaping
-    if spec is None or spec.implementation not in ("gvpo", "process_weighted") \
+    entry = None if spec is None else STAGES["process_adv_shaping"].get(spec.implementation)
+    # a named stage other than the default one, reading a key the batch lacks
+    if entry is None or entry.auto or "token_rewards" not in entry.reads \
             or present(batch, "token_rewards"):
         return None
     return (f"actor.advantage.process_adv_shaping: {spec.implementation!r} is ignored: the "

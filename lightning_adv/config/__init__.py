@@ -18,10 +18,17 @@ from lightning_adv.config.actor import (
     CHECK_ACTIONS, ActorConfig, check_process_mode, critic_free_reason, warn_ignored)
 from lightning_adv.config.nested import check_json_kwargs, convert_field, nested_config
 from lightning_adv.config.options import (
-    NORM_LEVELS, PRM_MODES, NormConfig, PRMAdvantageShapingConfig, TruncatedRewardConfig)
+    NORM_LEVELS, NormConfig, PRMAdvantageShapingConfig, TruncatedRewardConfig)
 from lightning_adv.config.stage_tree import STAGE_FIELDS, AdvantageConfig, StageSpec
 
 __all__ = ["ActorConfig", "AdvantageConfig", "StageSpec", "NormConfig", "TruncatedRewardConfig",
            "PRMAdvantageShapingConfig", "nested_config", "check_json_kwargs", "convert_field",
            "check_process_mode", "critic_free_reason", "warn_ignored", "STAGE_FIELDS",
            "NORM_LEVELS", "PRM_MODES", "CHECK_ACTIONS"]
+
+
+def __getattr__(name: str):
+    if name == "PRM_MODES":  # read from the stage registry on first use (keeps the import light)
+        from lightning_adv.config import options
+        return options.PRM_MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from lightning_adv.config.recipe_table import RECIPES
 from lightning_adv.config.stage_tree import STAGE_FIELDS, AdvantageConfig
 from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.exceptions import IgnoredSettingWarning, RecipeOverrideWarning
-from lightning_adv.stages.registry import builtin_names, builtin_stage
+from lightning_adv.stages.registry import STAGES, selected_stage
 from lightning_adv.ops.kl import KL_ESTIMATORS, KLEstimator
 
 TIMESTEP_UNITS = ("token", "turn")
@@ -209,7 +209,7 @@ class ActorConfig:
         self._validate_length_penalty(key)
 
         process = self.advantage.process_adv_shaping
-        if process is not None and process.implementation in ("gvpo", "process_weighted"):
+        if process is not None and not is_dotted_path(process.implementation):
             check_process_mode(f"{key}.advantage.process_adv_shaping", process.implementation, self)
 
     def _validate_length_penalty(self, key: str) -> None:
@@ -246,12 +246,11 @@ class ActorConfig:
 
     @property
     def estimator_unit(self) -> str:
-        """Timestep unit of the built-in estimator that actually runs."""
-        spec = self.advantage.estimator
-        if spec is not None and spec.implementation == "token_gae":
-            return "token"
-        if spec is not None and spec.implementation == "turn_gae":
-            return "turn"
+        """Timestep unit of the estimator that actually runs: its registered
+        ``timestep_unit``, else (a dotted path, or none declared) ``gae_timestep_unit``."""
+        entry = selected_stage(self, "estimator")
+        if entry is not None and entry.timestep_unit is not None:
+            return entry.timestep_unit
         return self.gae_timestep_unit
 
 
@@ -288,14 +287,10 @@ def warn_ignored(key: str, value: Any, why: str) -> None:
 
 
 def check_process_mode(key: str, mode: str, config: ActorConfig) -> None:
-    """Preconditions of the built-in process modes (SPEC §2)."""
-    if mode in ("gvpo", "process_weighted") and not config.token_rewards_as_adv:
-        raise ValueError(f"{key}: {mode!r} advantage shaping requires "
-                         f"actor.token_rewards_as_adv=true (process rewards must stay direct), "
-                         f"got token_rewards_as_adv=false")
-    if mode == "process_weighted" and config.mask_no_eos_with_zero:
-        raise ValueError(f"{key}: 'process_weighted' advantage shaping requires "
-                         f"actor.mask_no_eos_with_zero=false, got true")
+    """Preconditions of a named process mode (SPEC §2): its registered ``config_check``."""
+    entry = STAGES["process_adv_shaping"].get(mode)
+    if entry is not None and entry.config_check is not None:
+        entry.config_check(key, mode, config)
 
 
 
@@ -311,8 +306,7 @@ def critic_free_reason(config: ActorConfig) -> Optional[str]:
         return "actor.reward_norm subtracts a group-mean baseline"
     for family in STAGE_FIELDS:
         spec = getattr(config.advantage, family)
-        if spec is None or spec.implementation not in builtin_names(family)[1:]:
-            continue
-        if builtin_stage(family, spec.implementation).replaces_critic:
+        entry = None if spec is None else STAGES[family].get(spec.implementation)
+        if entry is not None and entry.replaces_critic:
             return f"actor.advantage.{family} {spec.implementation!r} needs no critic"
     return None

@@ -9,7 +9,13 @@ from typing import ClassVar, Literal, Optional
 from lightning_adv._checks import check_bool, check_choice, check_int, check_number
 
 NORM_LEVELS = ("batch", "group", None)
-PRM_MODES = ("additive", "gvpo", "process_weighted")
+
+
+def __getattr__(name: str):
+    if name == "PRM_MODES":  # the built-in process stages, from their registry (on first use)
+        from lightning_adv.stages.registry import STAGES
+        return tuple(e.name for e in STAGES["process_adv_shaping"].entries() if e.builtin)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,9 @@ class PRMAdvantageShapingConfig:
     per call, and its GVPO values matter only when GVPO shaping actually runs.
     """
 
-    mode: Literal["additive", "gvpo", "process_weighted"] = "additive"
-    """shaping applied to direct token rewards: additive, gvpo or process_weighted"""
+    mode: str = "additive"
+    """shaping applied to direct token rewards: a built-in process stage (additive, gvpo or
+    process_weighted)"""
     negative_scale: float = 0.2
     """GVPO: extra weight (1 + b) on negative advantages of failed tokens"""
     zero_penalty: float = 0.4

@@ -50,23 +50,32 @@ from lightning_adv.exceptions import IgnoredSettingWarning
 from lightning_adv.integrations.response_batch import response_advantages
 from lightning_adv.losses.aggregation import TokenCounts
 from lightning_adv.losses.policy_loss_registry import (
-    BUILTIN_POLICY_LOSSES, policy_loss_names, resolve_policy_loss)
+    POLICY_LOSSES, policy_loss_names, resolve_policy_loss)
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.recipes import RECIPES, recipe
+from lightning_adv.stages.registry import STAGES, StageEntry, auto_stage, selected_stage
 
 __all__ = ["register", "estimator_configs", "actor_config_for", "ppo_loss_for",
            "VERL_ESTIMATORS", "ALGO_FIELDS"]
 
 _WHITEN = NormConfig(mean_level="batch", std_level="batch")
+#: The optional batch keys verl 0.9.1's compute_advantage can hand an estimator (turn_ids
+#: are made from the response mask).
+_VERL_KEYS = {"sum_pi_squared", "rollout_is_weights", "reward_baselines", "turn_ids"}
 
 
 def estimator_configs() -> dict[str, ActorConfig]:
     """The configs :func:`register` adds as estimators, by name (without the prefix)."""
     configs = {name: recipe(name) for name in RECIPES}
+    token_gae = auto_stage("estimator", "token").name
     configs["gae"] = ActorConfig(kl_ctl=0.0, adv_norm=_WHITEN,
-                                 advantage={"estimator": {"implementation": "token_gae"}})
-    for stage in ("token_gae", "turn_gae", "reinforce"):
-        configs[stage] = ActorConfig(kl_ctl=0.0, advantage={"estimator": {"implementation": stage}})
+                                 advantage={"estimator": {"implementation": token_gae}})
+    # each built-in estimator on its own, unless a recipe of that name has it, or it reads
+    # a batch key verl's compute_advantage does not pass (it could never run under verl)
+    for stage in STAGES["estimator"].entries():
+        if stage.builtin and stage.name not in configs and set(stage.requires) <= _VERL_KEYS:
+            configs[stage.name] = ActorConfig(
+                kl_ctl=0.0, advantage={"estimator": {"implementation": stage.name}})
     return configs
 
 
@@ -89,17 +98,36 @@ ALGO_FIELDS = {
     "kl_ctrl": "verl", "use_pf_ppo": "refused", "pf_ppo": "verl", "filter_groups": "verl",
     "rollout_correction": "verl", "gdpo_reward_keys": "mapped", "gdpo_reward_weights": "mapped",
 }
-#: Names whose verl counterpart reads ``gamma`` / ``lam`` (verl's grpo-family, remax and
-#: the optimal token baseline ignore them, and so does the adapter).
-_READS_GAMMA = {"gae", "token_gae", "turn_gae", "reinforce", "reinforce_pp"}
-_READS_LAMBDA = {"gae", "token_gae", "turn_gae"}
-#: Temporal estimators: they read each token's reward where verl put it (the others the
-#: row's sum, as verl's outcome estimators do).
-_PER_TOKEN_ESTIMATORS = ("reinforce", "optimal_token_baseline", "tir_optimal_token_baseline",
-                         "turn_gae")
-#: Estimators over turns: each run of generated tokens is a turn (tool outputs between).
-_TURN_ESTIMATORS = ("turn_gae", "turn_rloo", "turn_index_norm")
-_OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def _facts(config: ActorConfig) -> tuple[Optional[StageEntry], Optional[StageEntry]]:
+    """The registry entries of the outcome stage and the estimator that run for ``config``."""
+    return (selected_stage(config, "outcome_reward_shaping"), selected_stage(config, "estimator"))
+
+
+def _outcome_level(config: ActorConfig) -> bool:
+    """verl's outcome estimators (grpo, rloo, opo, ...) compare each row's summed reward
+    within its group: a reward normalization or a group-baseline outcome stage is one."""
+    outcome, _ = _facts(config)
+    return config.reward_norm is not None or (outcome is not None and outcome.baseline == "group")
+
+
+def _reads(config: ActorConfig, fact: str) -> bool:
+    """Whether verl's counterpart of ``config`` reads gamma (``reads_discount``) or lam
+    (``reads_lambda``): verl's estimators that subtract a baseline (a group's, a greedy
+    response's, a per-step group baseline) take undiscounted returns and ignore both; the
+    others read them where the estimator stage does."""
+    outcome, estimator = _facts(config)
+    if config.reward_norm is not None or outcome is not None and outcome.baseline is not None:
+        return False
+    return estimator is not None and estimator.baseline in (None, "values") \
+        and getattr(estimator, fact)
+
+
+def _otb(estimator: Optional[StageEntry]) -> bool:
+    """verl's optimal token baselines are its estimators that read ``sum_pi_squared``;
+    verl passes them ``handle_zero_tail`` and ``epsilon``."""
+    return estimator is not None and "sum_pi_squared" in estimator.requires
 
 
 def _algo_items(config: Any) -> dict[str, Any]:
@@ -138,9 +166,9 @@ def actor_config_for(name: str, base: ActorConfig, algo: Any, *, gamma: Any = No
     changes: dict[str, Any] = {"kl_ctl": 0.0, "token_rewards_as_adv": False}
     gamma = items.get("gamma", 1.0) if gamma is None else gamma
     lam = items.get("lam", 1.0) if lam is None else lam
-    if name in _READS_GAMMA:
+    if _reads(base, "reads_discount"):
         changes["discount"] = float(gamma)
-    if name in _READS_LAMBDA:
+    if _reads(base, "reads_lambda"):
         changes["gae_lambda"] = float(lam)
     by_std = items.get("norm_adv_by_std_in_grpo", True) if norm_adv_by_std_in_grpo is None \
         else norm_adv_by_std_in_grpo
@@ -149,14 +177,15 @@ def actor_config_for(name: str, base: ActorConfig, algo: Any, *, gamma: Any = No
         changes["reward_norm"] = dataclasses.replace(
             base.reward_norm, eps=eps, **({} if by_std else {"std_level": None}))
     elif name == "grpo_passk":
-        changes["advantage"] = {"outcome_reward_shaping": {
-            "implementation": "passk_baseline", "kwargs": {"std_normalize": bool(by_std), "eps": eps}},
-            "estimator": {"implementation": "token_gae"}}
+        outcome = base.advantage.outcome_reward_shaping  # the recipe's pass@k baseline
+        changes["advantage"] = dataclasses.replace(base.advantage, outcome_reward_shaping={
+            "implementation": outcome.implementation,
+            "kwargs": {"std_normalize": bool(by_std), "eps": eps}})
     elif name == "gdpo" and not by_std:
         raise ValueError(f"{where}: algorithm.norm_adv_by_std_in_grpo: False cannot be mapped: "
                          f"gdpo's per-column normalization always divides by the group std")
     spec = base.advantage.estimator
-    if spec is not None and spec.implementation in _OTB_ESTIMATORS:
+    if spec is not None and _otb(_facts(base)[1]):
         # verl's keyword arguments of its optimal token baselines (defaults True and 1e-8)
         kwargs = {**spec.kwargs, "handle_zero_tail": bool(handle_zero_tail),
                   "eps": 1e-8 if epsilon is None else float(epsilon)}
@@ -187,12 +216,13 @@ def _gdpo_columns(algo: dict[str, Any], non_tensor_batch: Any, batch: Any,
 
 def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tensor]]:
     """verl's estimator signature around the config ``base``."""
-    spec = base.advantage.estimator
-    stage = "token_gae" if spec is None else spec.implementation
+    _, estimator = _facts(base)
     # verl's outcome estimators (a group baseline of the reward: grpo, rloo, rf++-baseline,
     # ...) read the row's sum; its temporal ones each token's reward where it lies
-    per_token = (stage in _PER_TOKEN_ESTIMATORS or name == "gae") and base.reward_norm is None
-    turns = "runs" if stage in _TURN_ESTIMATORS else None
+    per_token = not _outcome_level(base)
+    # an estimator over turns: each run of generated tokens is a turn (tool outputs between)
+    turns = "runs" if estimator is not None and estimator.timestep_unit == "turn" else None
+    otb = _otb(estimator)
 
     def estimate(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None,
                  config: Any = None, values: Optional[Tensor] = None, gamma: Any = None,
@@ -220,7 +250,7 @@ def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tens
         extra = {k: v for k, v in (("values", values), ("sum_pi_squared", sum_pi_squared),
                                    ("rollout_is_weights", rollout_is_weights),
                                    ("reward_baselines", reward_baselines)) if v is not None}
-        if stage in _OTB_ESTIMATORS and (sum_pi_squared is None or old_log_probs is None):
+        if otb and (sum_pi_squared is None or old_log_probs is None):
             raise ValueError(f"{where}: needs 'sum_pi_squared' and 'old_log_probs'; verl 0.9.1's "
                              f"compute_advantage passes them only to its built-in optimal token "
                              f"baselines (actor.calculate_sum_pi_squared=True)")
@@ -264,7 +294,7 @@ def ppo_loss_for(name: str, loss_agg_mode: str, config: Any) -> PPOLoss:
         raise ValueError(f"verl policy loss 'la_{name}': needs the actor config (verl passes "
                          f"config=actor config)")
     # a built-in's settings are checked when PPOLoss is built (dro's dro_beta is required)
-    spec = BUILTIN_POLICY_LOSSES.get(name) or resolve_policy_loss(name, None)
+    spec = POLICY_LOSSES.get(name) or resolve_policy_loss(name, None)
     clip = _get(config, "clip_ratio", 0.2)
     low = _get(config, "clip_ratio_low") or clip
     high = _get(config, "clip_ratio_high") or clip

@@ -14,7 +14,8 @@ from lightning_adv._checks import check_bool, check_choice, check_number, fail
 from lightning_adv.config.nested import nested_config
 from lightning_adv.exceptions import IgnoredSettingWarning
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES
-from lightning_adv.losses.policy_loss_registry import PolicyLossSpec, resolve_policy_loss
+from lightning_adv.losses.policy_loss_registry import (
+    PolicyLossSpec, policy_loss_names, resolve_policy_loss)
 from lightning_adv.losses.rollout_correction import LOGP_TOLERANCE, RolloutCorrectionConfig
 from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
 
@@ -73,12 +74,13 @@ def resolve_loss_settings(policy_loss: Any, policy_loss_kwargs: Any, loss_agg_mo
     if loss_scale_factor is not None:
         check_number("loss_scale_factor", loss_scale_factor, positive=True)
     check_choice("ratio_level", ratio_level, RATIO_LEVELS)
-    if ratio_level != "token" and spec.name != "vanilla":
-        fail("ratio_level", f"'token' with policy_loss {spec.name!r} (the sequence ratio is "
-             f"vanilla's option; gspo is verl's sequence-level loss)", ratio_level)
+    if ratio_level != "token" and not spec.reads_ratio_level:
+        fail("ratio_level", f"'token' with policy_loss {spec.name!r} (the sequence ratio is an "
+             f"option of {_listed('reads_ratio_level')}; gspo is verl's sequence-level loss)",
+             ratio_level)
     if dual_clip is not None and not spec.reads_dual_clip:
         fail("dual_clip", f"None with policy_loss {spec.name!r}, which does not use it "
-             f"(vanilla, dppo_tv and dppo_kl do)", dual_clip)
+             f"({_listed('reads_dual_clip')} do)", dual_clip)
     correction = None
     if rollout_correction is not None:
         correction = nested_config(RolloutCorrectionConfig, "rollout_correction",
@@ -86,10 +88,15 @@ def resolve_loss_settings(policy_loss: Any, policy_loss_kwargs: Any, loss_agg_mo
         if not isinstance(correction, RolloutCorrectionConfig):
             fail("rollout_correction", "None, a RolloutCorrectionConfig or a mapping of its "
                  "keys", rollout_correction)
-        if correction.bypass_mode and spec.name != "vanilla":
-            fail("policy_loss", "'vanilla' with rollout_correction.bypass_mode (bypass mode "
-                 "computes verl's ppo_clip or reinforce loss)", spec.name)
+        if correction.bypass_mode and not spec.ppo_clip:
+            fail("policy_loss", f"{_listed('ppo_clip')} with rollout_correction.bypass_mode "
+                 f"(bypass mode computes verl's ppo_clip or reinforce loss)", spec.name)
     return spec, mode, correction
+
+
+def _listed(fact: str) -> str:
+    """The losses whose registration declares ``fact``, for error messages."""
+    return " or ".join(repr(name) for name in policy_loss_names(fact))
 
 
 def check_tensor(name: str, tensor: Any, like: Tensor, *, floating: bool = True) -> None:

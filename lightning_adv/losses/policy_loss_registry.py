@@ -12,8 +12,9 @@ takes their geometric mean per sequence; ``vespo`` folds them into its sequence 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -23,8 +24,8 @@ from lightning_adv._checks import check_number, fail
 from lightning_adv.dotted_path import check_signature, import_object, is_dotted_path
 from lightning_adv.exceptions import PolicyLossContractError
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES, ROW_MEAN, TokenCounts
-
-KwargCheck = Callable[[str, Any], None]
+from lightning_adv.registry import (
+    Entry, KwargCheck, Registry, check_kwarg_checks, check_name, decorator, is_builtin)
 
 
 @dataclass(frozen=True)
@@ -58,29 +59,21 @@ class PolicyLossInputs:
 
 
 @dataclass(frozen=True)
-class PolicyLossSpec:
+class PolicyLossSpec(Entry):
     """One registered policy loss."""
 
-    name: str
-    path: str
-    """dotted path of the function (a built-in's is imported on first use)"""
-    kwarg_checks: Mapping[str, KwargCheck] = field(default_factory=dict)
     loss_agg_mode: Optional[str] = None
     """the aggregation the loss always uses (verl's sapo, geo_mean); None: the configured"""
     reads_dual_clip: bool = False
     """the loss reads ``dual_clip`` (verl's clip_ratio_c); others refuse it"""
-    function: Optional[Callable[..., Any]] = None
-    """the function of a loss registered with :func:`register_policy_loss`"""
+    reads_ratio_level: bool = False
+    """the loss reads ``ratio_level`` (a sequence-level ratio); others refuse ``sequence``"""
+    ppo_clip: bool = False
+    """verl's ppo_clip loss: the one ``rollout_correction.bypass_mode`` computes"""
 
     @property
-    def fn(self) -> Callable[..., Any]:
-        if self.function is not None:
-            return self.function
-        return import_object(self.path, f"built-in policy loss {self.name!r}")
-
-    @property
-    def builtin(self) -> bool:
-        return self.name in BUILTIN_POLICY_LOSSES
+    def function(self) -> Callable[..., Any]:
+        return self.fn
 
 
 def positive(key: str, value: Any) -> None:
@@ -91,66 +84,54 @@ def non_negative(key: str, value: Any) -> None:
     check_number(key, value, minimum=0.0)
 
 
-def _builtin(name: str, **options: Any) -> PolicyLossSpec:
-    return PolicyLossSpec(name, f"lightning_adv.losses.policy_losses.{name}", **options)
+#: The policy losses; the built-ins (verl 0.9.1's and TRL's vespo) register in this module.
+POLICY_LOSSES: Registry[PolicyLossSpec] = Registry(
+    "policy loss", ("lightning_adv.losses.policy_losses",))
 
 
-#: verl 0.9.1's registered losses (and TRL's vespo), with their settings' checks.
-BUILTIN_POLICY_LOSSES = {spec.name: spec for spec in (
-    _builtin("vanilla", reads_dual_clip=True),
-    _builtin("gspo"),
-    _builtin("cispo"),
-    _builtin("sapo", kwarg_checks={"tau_pos": positive, "tau_neg": positive},
-             loss_agg_mode="seq-mean-token-mean"),
-    _builtin("geo_mean", loss_agg_mode=ROW_MEAN),
-    _builtin("dppo_tv", reads_dual_clip=True),
-    _builtin("dppo_kl", reads_dual_clip=True),
-    _builtin("clip_cov", kwarg_checks={"clip_cov_ratio": positive, "clip_cov_lb": check_number,
-                                       "clip_cov_ub": check_number}),
-    _builtin("kl_cov", kwarg_checks={"kl_cov_ratio": positive, "ppo_kl_coef": non_negative}),
-    _builtin("dro", kwarg_checks={"dro_beta": positive}),
-    _builtin("gpg"),
-    _builtin("vespo", kwarg_checks={"k_pos": non_negative, "lambda_pos": positive,
-                                    "k_neg": non_negative, "lambda_neg": positive}),
-)}
-_REGISTERED: dict[str, PolicyLossSpec] = {}
-
-
-def register_policy_loss(name: Optional[str] = None, *,
+def register_policy_loss(name: Any = None, *,
                          kwarg_checks: Optional[Mapping[str, KwargCheck]] = None,
-                         loss_agg_mode: Optional[str] = None):
+                         loss_agg_mode: Optional[str] = None, reads_dual_clip: bool = False,
+                         reads_ratio_level: bool = False, ppo_clip: bool = False):
     """Decorator: register ``fn(inputs, **kwargs) -> (per_token_loss, diagnostics)`` as the
-    policy loss ``name`` (default ``fn.__name__``), selectable as ``PPOLoss(policy_loss=name)``
-    or ``ppo.policy_loss: name``. ``kwarg_checks`` maps a keyword to ``check(key, value)``;
-    ``loss_agg_mode`` fixes the aggregation (None: the configured one)."""
-    if loss_agg_mode is not None and loss_agg_mode not in LOSS_AGG_MODES:
-        fail("register_policy_loss loss_agg_mode", f"None or one of {', '.join(LOSS_AGG_MODES)}",
+    policy loss ``name`` (default ``fn.__name__``; a bare ``@register_policy_loss`` too),
+    selectable as ``PPOLoss(policy_loss=name)`` or ``ppo.policy_loss: name``.
+    ``kwarg_checks`` maps a keyword to ``check(key, value)``; ``loss_agg_mode`` fixes the
+    aggregation (None: the configured one); ``reads_dual_clip``: the loss reads
+    ``dual_clip`` (others refuse it)."""
+    modes = (*LOSS_AGG_MODES, ROW_MEAN)  # row-mean: geo_mean's own (a mean per row)
+    if loss_agg_mode is not None and loss_agg_mode not in modes:
+        fail("register_policy_loss loss_agg_mode", f"None or one of {', '.join(modes)}",
              loss_agg_mode)
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        loss_name = name or fn.__name__
-        if loss_name in BUILTIN_POLICY_LOSSES or loss_name in _REGISTERED:
-            raise ValueError(f"register_policy_loss: policy loss {loss_name!r} is already "
-                             f"registered")
-        check_signature(fn, dict.fromkeys(kwarg_checks or {}), "register_policy_loss",
-                        f"{fn.__module__}.{fn.__qualname__}")
-        _REGISTERED[loss_name] = PolicyLossSpec(
-            loss_name, f"{fn.__module__}.{fn.__qualname__}", dict(kwarg_checks or {}),
-            loss_agg_mode, function=fn)
-        return fn
-    return decorate
+    def register(fn: Callable[..., Any], loss_name: str) -> None:
+        caller = "register_policy_loss"
+        checks = check_kwarg_checks(caller, f"policy loss {loss_name!r}", fn, kwarg_checks)
+        check_name(caller, loss_name)
+        check_signature(fn, dict.fromkeys(checks), caller, f"{fn.__module__}.{fn.__qualname__}")
+        POLICY_LOSSES.add(PolicyLossSpec(loss_name, fn, checks, is_builtin(fn, POLICY_LOSSES),
+                                         loss_agg_mode, reads_dual_clip, reads_ratio_level,
+                                         ppo_clip), caller)
+    return decorator("register_policy_loss", name, register)
 
 
 def unregister_policy_loss(name: str) -> None:
     """Remove a loss registered with :func:`register_policy_loss` (built-ins stay)."""
-    if name not in _REGISTERED:
-        raise ValueError(f"unregister_policy_loss: {name!r} was not registered with "
-                         f"register_policy_loss")
-    del _REGISTERED[name]
+    POLICY_LOSSES.remove(name, "unregister_policy_loss")
 
 
-def policy_loss_names() -> tuple[str, ...]:
-    return (*BUILTIN_POLICY_LOSSES, *_REGISTERED)
+def policy_loss_names(fact: Optional[str] = None) -> tuple[str, ...]:
+    """The registered losses' names (with ``fact``, those whose entry has it true)."""
+    return tuple(e.name for e in POLICY_LOSSES.entries() if fact is None or getattr(e, fact))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILTIN_POLICY_LOSSES":  # the table this registry replaced
+        warnings.warn("lightning_adv.losses.policy_loss_registry.BUILTIN_POLICY_LOSSES is "
+                      "deprecated: the losses register with @register_policy_loss; use "
+                      "POLICY_LOSSES", DeprecationWarning, stacklevel=2)
+        return {e.name: e for e in POLICY_LOSSES.entries() if e.builtin}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_policy_loss(name: Any, kwargs: Any, key: str = "policy_loss") -> PolicyLossSpec:
@@ -161,7 +142,7 @@ def resolve_policy_loss(name: Any, kwargs: Any, key: str = "policy_loss") -> Pol
     if kwargs is not None and not isinstance(kwargs, Mapping):
         fail(f"{key}_kwargs", "a mapping of keyword arguments or None", kwargs)
     kwargs = dict(kwargs or {})
-    spec = BUILTIN_POLICY_LOSSES.get(name) or _REGISTERED.get(name)
+    spec = POLICY_LOSSES.get(name)
     if spec is None:
         if not is_dotted_path(name):
             fail(key, f"one of {', '.join(policy_loss_names())} or a dotted function path "
@@ -169,7 +150,7 @@ def resolve_policy_loss(name: Any, kwargs: Any, key: str = "policy_loss") -> Pol
         fn = import_object(name, key)
         if not callable(fn):
             fail(key, "a callable fn(inputs, **kwargs)", f"{name!r}, a {type(fn).__name__}")
-        spec = PolicyLossSpec(name.rsplit(".", 1)[-1], name, function=fn)
+        spec = PolicyLossSpec(name.rsplit(".", 1)[-1], fn)
     if spec.builtin:
         unknown = sorted(set(kwargs) - set(spec.kwarg_checks))
         if unknown:

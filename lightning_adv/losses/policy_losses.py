@@ -44,7 +44,10 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_adv.losses.policy_loss_registry import PolicyLossInputs
+from lightning_adv._checks import check_number
+from lightning_adv.losses.aggregation import ROW_MEAN
+from lightning_adv.losses.policy_loss_registry import (
+    PolicyLossInputs, non_negative, positive, register_policy_loss)
 
 Diagnostics = dict[str, Tensor]
 #: Log-ratios are clamped to ±LOG_RATIO_BOUND before ``exp`` (verl's bound).
@@ -76,6 +79,7 @@ def _clipped_surrogate(inputs: PolicyLossInputs, ratio: Tensor) -> tuple[Tensor,
     return torch.maximum(unclipped, clipped), unclipped, clipped
 
 
+@register_policy_loss(reads_dual_clip=True, reads_ratio_level=True, ppo_clip=True)
 def vanilla(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     log_ratio = inputs.logprobs - inputs.old_logprobs
     if inputs.ratio_level == "sequence":
@@ -92,6 +96,7 @@ def vanilla(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     return _weighted(policy, inputs), diagnostics
 
 
+@register_policy_loss()
 def gspo(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     lp = inputs.logprobs
     tokens = inputs.loss_mask.sum(1, keepdim=True).clamp(min=1.0)
@@ -102,6 +107,7 @@ def gspo(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     return _weighted(policy, inputs), _clip_fractions(inputs, ratio)
 
 
+@register_policy_loss()
 def cispo(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = log_ratio.exp()
@@ -110,6 +116,8 @@ def cispo(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     return _weighted(policy, inputs), _clip_fractions(inputs, ratio)
 
 
+@register_policy_loss(kwarg_checks={"tau_pos": positive, "tau_neg": positive},
+                      loss_agg_mode="seq-mean-token-mean")
 def sapo(inputs: PolicyLossInputs, *, tau_pos: float = 1.0,
          tau_neg: float = 1.05) -> tuple[Tensor, Diagnostics]:
     adv = inputs.advantages
@@ -121,6 +129,7 @@ def sapo(inputs: PolicyLossInputs, *, tau_pos: float = 1.0,
     return _weighted(-gates * adv, inputs), {}
 
 
+@register_policy_loss(loss_agg_mode=ROW_MEAN)
 def geo_mean(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     adv, mask = inputs.advantages, inputs.loss_mask
     log_ratio = inputs.logprobs - inputs.old_logprobs
@@ -154,6 +163,7 @@ def _dppo(inputs: PolicyLossInputs, valid: Tensor) -> tuple[Tensor, Diagnostics]
     return _weighted(policy, inputs), {"clipfrac": inputs.mean(1.0 - keep)}
 
 
+@register_policy_loss(reads_dual_clip=True)
 def dppo_tv(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     change = inputs.logprobs.exp() - inputs.old_logprobs.exp()
     valid = torch.where(inputs.advantages > 0, change <= inputs.clip_eps_high,
@@ -161,6 +171,7 @@ def dppo_tv(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     return _dppo(inputs, valid)
 
 
+@register_policy_loss(reads_dual_clip=True)
 def dppo_kl(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     lp, old = inputs.logprobs, inputs.old_logprobs
     prob, old_prob = lp.exp(), old.exp()
@@ -178,6 +189,8 @@ def _verl_masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (torch.where(mask > 0, values, 0.0) * mask).sum() / (mask.sum() + 1e-8)
 
 
+@register_policy_loss(kwarg_checks={"clip_cov_ratio": positive, "clip_cov_lb": check_number,
+                                    "clip_cov_ub": check_number})
 def clip_cov(inputs: PolicyLossInputs, *, clip_cov_ratio: float = 0.0002,
              clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> tuple[Tensor, Diagnostics]:
     adv, mask, lp = inputs.advantages, inputs.loss_mask, inputs.logprobs
@@ -197,6 +210,7 @@ def clip_cov(inputs: PolicyLossInputs, *, clip_cov_ratio: float = 0.0002,
     return _weighted(policy * keep, inputs), diagnostics
 
 
+@register_policy_loss(kwarg_checks={"kl_cov_ratio": positive, "ppo_kl_coef": non_negative})
 def kl_cov(inputs: PolicyLossInputs, *, kl_cov_ratio: float = 0.0002,
            ppo_kl_coef: float = 0.1) -> tuple[Tensor, Diagnostics]:
     adv, lp = inputs.advantages, inputs.logprobs
@@ -219,16 +233,20 @@ def kl_cov(inputs: PolicyLossInputs, *, kl_cov_ratio: float = 0.0002,
         adv.dtype))}
 
 
+@register_policy_loss(kwarg_checks={"dro_beta": positive})
 def dro(inputs: PolicyLossInputs, *, dro_beta: float) -> tuple[Tensor, Diagnostics]:
     log_ratio = inputs.logprobs - inputs.old_logprobs
     policy = -(inputs.logprobs * inputs.advantages - 0.5 * dro_beta * log_ratio.square())
     return _weighted(policy, inputs), {}
 
 
+@register_policy_loss()
 def gpg(inputs: PolicyLossInputs) -> tuple[Tensor, Diagnostics]:
     return _weighted(-inputs.logprobs * inputs.advantages, inputs), {}
 
 
+@register_policy_loss(kwarg_checks={"k_pos": non_negative, "lambda_pos": positive,
+                                    "k_neg": non_negative, "lambda_neg": positive})
 def vespo(inputs: PolicyLossInputs, *, k_pos: float = 2.0, lambda_pos: float = 3.0,
           k_neg: float = 3.0, lambda_neg: float = 2.0) -> tuple[Tensor, Diagnostics]:
     adv, mask = inputs.advantages, inputs.loss_mask

@@ -76,7 +76,8 @@ from lightning_adv.losses.loss_inputs import (
     RATIO_LEVELS, check_clip_settings, check_coefficients, check_forward_inputs,
     resolve_loss_settings)
 from lightning_adv.losses.policy_loss_registry import (
-    BUILTIN_POLICY_LOSSES, PolicyLossInputs, call_policy_loss)
+    POLICY_LOSSES, PolicyLossInputs, call_policy_loss)
+from lightning_adv.losses.policy_losses import gpg as reinforce_loss
 from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from lightning_adv.ops.kl import kl_estimate
 
@@ -300,7 +301,8 @@ class PPOLoss(nn.Module):
         counts of ``mask``) and its diagnostics."""
         spec, kwargs = self.policy_loss_spec, self.policy_loss_kwargs
         if self.bypass_mode and self.rollout_correction.loss_type == "reinforce":
-            spec, kwargs = BUILTIN_POLICY_LOSSES["gpg"], {}  # -w A log π_θ: verl's reinforce
+            # -w A log π_θ: verl's reinforce (the gpg loss)
+            spec, kwargs = POLICY_LOSSES[reinforce_loss.__name__], {}
         policy_active = policy_mask > 0
 
         def keep(x: Tensor) -> Tensor:

@@ -9,12 +9,16 @@ import torch
 from lightning_adv.stages.types import TemporalInputs, TemporalResult
 from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae, turn_id_errors
 from lightning_adv.stages.gae_lambda import compute_gae_lambda
+from lightning_adv._checks import check_bool, positive_number
+from lightning_adv.stages.registry import register_stage
 
 
 def _with_process(rewards, inputs: TemporalInputs):
     return rewards if inputs.process_rewards is None else rewards + inputs.process_rewards
 
 
+@register_stage("estimator", baseline="values", timestep_unit="token", reads_discount=True,
+                reads_lambda=True, auto=True)
 def token_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated tokens. The KL penalty is part of each step's reward, so it is
     discounted inside the recursion and included in the critic's returns."""
@@ -26,6 +30,8 @@ def token_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages, returns, rewards)
 
 
+@register_stage("estimator", requires=("turn_ids",), baseline="values", timestep_unit="turn",
+                reads_discount=True, reads_lambda=True, auto=True)
 def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over generated turns. The token KL penalty is added to the actor's advantages
     after the recursion, undiscounted, and stays out of the critic's returns."""
@@ -40,6 +46,7 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
     return TemporalResult(advantages + inputs.kl_rewards, returns, rewards + inputs.kl_rewards)
 
 
+@register_stage("estimator", replaces_critic=True, timestep_unit="token", reads_discount=True)
 def reinforce(inputs: TemporalInputs) -> TemporalResult:
     """REINFORCE return-to-go over generated tokens, without a critic.
 
@@ -119,6 +126,9 @@ def _otb_inputs_checked(inputs: TemporalInputs, where: str) -> None:
                          f"aligned old log-probs)")
 
 
+@register_stage("estimator", requires=("sum_pi_squared",), reads=("rollout_is_weights",),
+                replaces_critic=True, baseline="group", timestep_unit="token", reads_discount=True,
+                kwarg_checks={"handle_zero_tail": check_bool, "eps": positive_number})
 def optimal_token_baseline(inputs: TemporalInputs, *, handle_zero_tail: bool = True,
                            eps: float = 1e-8) -> TemporalResult:
     """Optimal token baseline: ``A_t = G_t - B_t`` with one baseline per generated step of
@@ -143,6 +153,9 @@ def optimal_token_baseline(inputs: TemporalInputs, *, handle_zero_tail: bool = T
     return _optimal_token_baseline(inputs, handle_zero_tail, eps, "optimal_token_baseline")
 
 
+@register_stage("estimator", requires=("sum_pi_squared",), reads=("rollout_is_weights",),
+                replaces_critic=True, baseline="group", timestep_unit="token", reads_discount=True,
+                kwarg_checks={"handle_zero_tail": check_bool, "eps": positive_number})
 def tir_optimal_token_baseline(inputs: TemporalInputs, *, handle_zero_tail: bool = True,
                                eps: float = 1e-8) -> TemporalResult:
     """verl's ``tir_optimal_token_baseline`` (tool-integrated): the estimator of

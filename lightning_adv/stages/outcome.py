@@ -19,8 +19,11 @@ from torch import Tensor
 from lightning_adv.stages.types import OutcomeResult, OutcomeRewardInputs
 from lightning_adv.distributed import all_reduce_sum
 from lightning_adv.batch.grouping import BatchMeta
+from lightning_adv._checks import check_bool, non_negative_number, positive_number
+from lightning_adv.stages.registry import register_stage
 
 
+@register_stage("outcome_reward_shaping", auto=True)
 def identity(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """Keep the (length-penalized) task rewards; an integer tensor stays integer."""
     return OutcomeResult(rewards=inputs.data["rewards"])
@@ -82,6 +85,7 @@ def _group_sum(values: Tensor, groups: Tensor, n_groups: int) -> Tensor:
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
 
 
+@register_stage("outcome_reward_shaping", replaces_critic=True, baseline="group")
 def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """OPO: ``r_i - b``, with the length-weighted group baseline ``b = sum(l_j r_j) / sum(l_j)``.
 
@@ -100,6 +104,8 @@ def opo_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     return OutcomeResult(rewards=(r - baseline[groups]).float())
 
 
+@register_stage("outcome_reward_shaping", replaces_critic=True, baseline="group",
+                kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def gpg(inputs: OutcomeRewardInputs, *, std_normalize: bool = False, eps: float = 1e-5) -> OutcomeResult:
     """GPG: ``alpha * (r_i - mean_g(r)) / F``, ``alpha = B / (B - M)``.
 
@@ -135,6 +141,8 @@ def _group_counts(groups: Tensor, n_groups: int, like: Tensor) -> Tensor:
     return _group_sum(torch.ones_like(like), groups, n_groups)
 
 
+@register_stage("outcome_reward_shaping", replaces_critic=True, baseline="group",
+                kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
                    eps: float = 1e-6) -> OutcomeResult:
     """Pass@k GRPO: in each prompt group only the best response gets a non-zero reward,
@@ -175,6 +183,8 @@ def passk_baseline(inputs: OutcomeRewardInputs, *, std_normalize: bool = True,
     return OutcomeResult(rewards=per_rollout[roll.member].float())
 
 
+@register_stage("outcome_reward_shaping", replaces_critic=True, baseline="group",
+                kwarg_checks={"std_unbiased": check_bool, "eps": positive_number})
 def group_mean_batch_std(inputs: OutcomeRewardInputs, *, std_unbiased: bool = True,
                          eps: float = 1e-4) -> OutcomeResult:
     """``(r_i - mean_g r) / (std_batch r + eps)``: a group-mean baseline scaled by the
@@ -225,6 +235,8 @@ def _per_rollout(per_row: Tensor, meta: Optional[BatchMeta]) -> tuple[Tensor, Te
     return _group_sum(per_row, member, len(counts)), member
 
 
+@register_stage("outcome_reward_shaping", requires=("ref_logp",),
+                kwarg_checks={"beta": non_negative_number})
 def sequence_kl(inputs: OutcomeRewardInputs, *, beta: float = 0.05) -> OutcomeResult:
     """``r_i - beta * sum_t (logprobs_t - ref_logp_t)`` over the row's generated tokens: the
     KL penalty of TRL's RLOO trainer (first-order log ratio, summed per sequence) folded
@@ -253,6 +265,8 @@ def sequence_kl(inputs: OutcomeRewardInputs, *, beta: float = 0.05) -> OutcomeRe
     return OutcomeResult(rewards=shaped, normalization_rewards=references)
 
 
+@register_stage("outcome_reward_shaping", requires=("reward_baselines",), replaces_critic=True,
+                baseline="greedy")
 def remax_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     """ReMax: ``r_i - b_i``, ``b_i`` the reward of one greedy response to the row's prompt
     (batch key ``reward_baselines``, [B]; the built-in trainer samples it with
@@ -271,6 +285,8 @@ def remax_baseline(inputs: OutcomeRewardInputs) -> OutcomeResult:
     return OutcomeResult(rewards=(rewards.double() - baselines.double()).float())
 
 
+@register_stage("outcome_reward_shaping", replaces_critic=True, baseline="group",
+                kwarg_checks={"eps": non_negative_number})
 def maxrl(inputs: OutcomeRewardInputs, *, eps: float = 0.0) -> OutcomeResult:
     """MaxRL: ``(r_i - mean_g r) / (mean_g r + eps)``, the group-mean baseline divided by
     the group mean instead of the std; a group whose mean is <= 0 gets 0.

@@ -18,12 +18,28 @@ import torch
 from torch import Tensor
 
 from lightning_adv.stages.types import ProcessAdvantageInputs
-from lightning_adv._checks import check_gvpo_kwargs
+from lightning_adv._checks import check_gvpo_kwargs, non_negative_number
 from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig, check_process_mode
-from lightning_adv.config.options import PRM_MODES
+from lightning_adv.stages.registry import STAGES, auto_stage, register_stage
 from lightning_adv.stages.resolve import Stage
 
 
+def direct_token_rewards(key: str, name: str, config: Any) -> None:
+    """The stage reshapes the direct process rewards: they must stay direct."""
+    if not config.token_rewards_as_adv:
+        raise ValueError(f"{key}: {name!r} advantage shaping requires "
+                         f"actor.token_rewards_as_adv=true (process rewards must stay direct), "
+                         f"got token_rewards_as_adv=false")
+
+
+def weighted_needs(key: str, name: str, config: Any) -> None:
+    direct_token_rewards(key, name, config)
+    if config.mask_no_eos_with_zero:  # the zeroed rows would read as process reward 0
+        raise ValueError(f"{key}: {name!r} advantage shaping requires "
+                         f"actor.mask_no_eos_with_zero=false, got true")
+
+
+@register_stage("process_adv_shaping", reads=("token_rewards",), auto=True)
 def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     """``A + r`` (r is 0 off the loss mask)."""
     if inputs.token_rewards is None:
@@ -31,6 +47,9 @@ def additive(inputs: ProcessAdvantageInputs) -> Tensor:
     return inputs.advantages + inputs.token_rewards
 
 
+@register_stage("process_adv_shaping", reads=("token_rewards",), config_check=direct_token_rewards,
+                kwarg_checks=dict.fromkeys(("negative_scale", "zero_penalty", "zero_eps"),
+                                           non_negative_number))
 def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
          zero_penalty: float = 0.4, zero_eps: float = 1e-6) -> Tensor:
     """Reshape failed tokens (active, process reward < 0): a negative advantage is scaled
@@ -48,6 +67,7 @@ def gvpo(inputs: ProcessAdvantageInputs, *, negative_scale: float = 0.2,
     return torch.where(failed, shaped, adv)
 
 
+@register_stage("process_adv_shaping", reads=("token_rewards",), config_check=weighted_needs)
 def process_weighted(inputs: ProcessAdvantageInputs) -> Tensor:
     """Weight by process rewards p in [0, 1] on active tokens: ``A >= 0 -> A * p``;
     ``A < 0 -> p`` if ``p > 0`` else ``A``."""
@@ -73,16 +93,17 @@ def resolve_process_mode(prm: Any, config: ActorConfig,
         if not isinstance(prm, PRMAdvantageShapingConfig):
             raise TypeError(f"prm: expected a PRMAdvantageShapingConfig or None, got "
                             f"{type(prm).__name__}")
-        if prm.mode not in PRM_MODES:
-            raise ValueError(f"prm.mode: expected one of {', '.join(PRM_MODES)}, got {prm.mode!r}")
+        modes = tuple(e.name for e in STAGES["process_adv_shaping"].entries() if e.builtin)
+        if prm.mode not in modes:
+            raise ValueError(f"prm.mode: expected one of {', '.join(modes)}, got {prm.mode!r}")
     if stage is None or not stage.builtin:
         return None
     mode = stage.implementation
     if mode == "auto":
         if prm is not None:
             check_process_mode("prm.mode", prm.mode, config)
-        mode = prm.mode if prm is not None else "additive"
-    if mode != "gvpo":
+        mode = prm.mode if prm is not None else auto_stage(stage.family, "token").name
+    if mode != gvpo.__name__:  # only gvpo has legacy call-time values
         return mode, {}
     legacy = prm if prm is not None else PRMAdvantageShapingConfig()
     return mode, {**legacy.gvpo_kwargs(), **stage.kwargs}

@@ -1,17 +1,7 @@
-"""The one registry of named stages: the built-ins (a table, :data:`BUILTIN_STAGES`) and
-the stages users add with :func:`register_stage`.
+"""The one registry of named stages: each stage, built-in or a user's, is a function
+registered with the decorator :func:`register_stage`, which carries every fact about it.
 
-The table is data: each built-in names its function by import path, the keyword
-arguments it takes with their value checks, the optional batch keys it reads
-(``requires``: a trainer computes them only when some stage asks, e.g.
-``sum_pi_squared``) and whether it takes the place of a critic (``replaces_critic``: it
-subtracts its own baseline, or ignores ``values``, so a value head next to it is a
-misconfiguration). So the config checks a stage name and its kwargs without importing
-any implementation, and the implementations do not import this module: the function
-is imported when the :class:`~lightning_adv.AdvantageModule` is built (and its signature
-checked against the declared kwargs; a test resolves every built-in).
-
-A user stage registered by name::
+A stage registered by name::
 
     @register_stage("outcome_reward_shaping", kwarg_checks={"scale": positive_number})
     def my_scaling(inputs: OutcomeRewardInputs, *, scale: float = 2.0) -> OutcomeResult:
@@ -19,22 +9,30 @@ A user stage registered by name::
 
 is then selected as ``outcome_reward_shaping: my_scaling``, like a built-in; its kwargs
 are the keyword parameters of its signature. A stage named by dotted path
-(``my_pkg.my_mod.fn``) needs no registration.
+(``my_pkg.my_mod.fn``) needs no registration (and declares no facts).
+
+The facts (:class:`StageEntry`) are read by the config checks, the module, the trainer and
+the verl adapter; none of them lists stage names. The built-in stages register when their
+modules (:data:`BUILTIN_MODULES`) are imported, which the registry does on its first lookup,
+so ``import lightning_adv.config`` imports no stage implementation.
 
 Each family also has one selector name that is not a function: ``default`` for
-``compute`` (the staged pipeline) and ``auto`` for the stages (resolved by the module).
+``compute`` (the staged pipeline) and ``auto`` for the stages (resolved by the module: the
+family's stage registered with ``auto=True``, for estimators the one of the configured
+``gae_timestep_unit``).
 """
 
 from __future__ import annotations
 
-import inspect
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from lightning_adv._checks import (
-    check_bool, fail, non_negative_number, positive_number, unit_interval)
-from lightning_adv.dotted_path import check_signature, import_object, is_dotted_path
+from lightning_adv._checks import fail
+from lightning_adv.dotted_path import check_signature, is_dotted_path
+from lightning_adv.registry import (
+    Entry, KwargCheck, Registry, check_kwarg_checks, check_name, decorator, is_builtin)
 
 #: The selector of each stage family (not a function: the module resolves it).
 SELECTORS: dict[str, str] = {
@@ -43,141 +41,119 @@ SELECTORS: dict[str, str] = {
     "estimator": "auto",
     "process_adv_shaping": "auto",
 }
-
-KwargCheck = Callable[[str, Any], None]
+#: The modules that define the built-in stages (imported on the first lookup).
+BUILTIN_MODULES = ("lightning_adv.stages.outcome", "lightning_adv.stages.estimators",
+                   "lightning_adv.stages.turn_estimators", "lightning_adv.stages.process")
+#: What a stage subtracts from the return: the critic's ``values``, a baseline over the
+#: prompt ``group``'s responses, or a ``greedy`` response's reward (None: no baseline).
+BASELINES = (None, "values", "group", "greedy")
+TIMESTEP_UNITS = (None, "token", "turn")
 
 
 @dataclass(frozen=True)
-class BuiltinStage:
-    """A named stage: where its function is, and what it takes and reads."""
+class StageEntry(Entry):
+    """A named stage: its function and what it takes, reads and is."""
 
-    family: str
-    name: str
-    path: str
-    """dotted import path of the function (``lightning_adv.stages.estimators.token_gae``)"""
-    kwarg_checks: Mapping[str, KwargCheck] = field(default_factory=dict)
-    """the keyword arguments it takes, each with the check of its value"""
+    family: str = ""
     requires: tuple[str, ...] = ()
-    """optional batch keys the stage reads (and raises without)"""
+    """optional batch keys the stage reads (and raises without): a trainer computes them
+    only when some stage asks (``sum_pi_squared``, ``turn_ids``)"""
     reads: tuple[str, ...] = ()
-    """optional batch keys the stage reads when the batch has them (``rollout_is_weights``)"""
+    """optional batch keys it reads when the batch has them (``rollout_is_weights``)"""
     replaces_critic: bool = False
-    """the stage subtracts its own baseline or ignores values: no critic is needed"""
-    function: Optional[Callable[..., Any]] = None
-    """the function itself, for a stage registered with :func:`register_stage`"""
-
-    @property
-    def fn(self) -> Callable[..., Any]:
-        """The stage function (a built-in's is imported on first use)."""
-        if self.function is not None:
-            return self.function
-        return import_object(self.path, f"built-in {self.family} {self.name!r}")
-
-
-def _builtin(family: str, module: str, name: str, **options: Any) -> BuiltinStage:
-    return BuiltinStage(family, name, f"lightning_adv.stages.{module}.{name}", **options)
-
-
-def _table(*stages: BuiltinStage) -> dict[str, dict[str, BuiltinStage]]:
-    table: dict[str, dict[str, BuiltinStage]] = {family: {} for family in SELECTORS}
-    for stage in stages:
-        table[stage.family][stage.name] = stage
-    return table
+    """it subtracts its own baseline or ignores values: a critic next to it is not needed"""
+    baseline: Optional[str] = None
+    """what it subtracts from the return (:data:`BASELINES`)"""
+    timestep_unit: Optional[str] = None
+    """an estimator's step: each generated ``token`` or each ``turn``"""
+    reads_discount: bool = False
+    """it reads ``actor.discount``"""
+    reads_lambda: bool = False
+    """it reads ``actor.gae_lambda``"""
+    auto: bool = False
+    """the family's ``auto`` selector picks it (an estimator: for its ``timestep_unit``)"""
+    config_check: Optional[Callable[[str, Any], None]] = None
+    """``check(key, actor_config)``: the actor settings the stage cannot run with"""
 
 
-_EPS = {"eps": positive_number}
-_GIGPO = {"episode_weight": non_negative_number, "step_weight": non_negative_number,
-          "step_gamma": unit_interval, "std_normalize": check_bool, **_EPS}
-_OTB = {"handle_zero_tail": check_bool, **_EPS}
-_GVPO_VALUES = {name: non_negative_number for name in ("negative_scale", "zero_penalty", "zero_eps")}
-
-#: The built-in stages, family by family, in the order ``--help`` and errors list them.
-BUILTIN_STAGES = _table(
-    _builtin("outcome_reward_shaping", "outcome", "identity"),
-    _builtin("outcome_reward_shaping", "outcome", "opo_baseline", replaces_critic=True),
-    _builtin("outcome_reward_shaping", "outcome", "gpg", replaces_critic=True,
-             kwarg_checks={"std_normalize": check_bool, **_EPS}),
-    _builtin("outcome_reward_shaping", "outcome", "passk_baseline", replaces_critic=True,
-             kwarg_checks={"std_normalize": check_bool, **_EPS}),
-    _builtin("outcome_reward_shaping", "outcome", "group_mean_batch_std", replaces_critic=True,
-             kwarg_checks={"std_unbiased": check_bool, **_EPS}),
-    _builtin("outcome_reward_shaping", "outcome", "sequence_kl", requires=("ref_logp",),
-             kwarg_checks={"beta": non_negative_number}),
-    _builtin("outcome_reward_shaping", "outcome", "remax_baseline",
-             requires=("reward_baselines",), replaces_critic=True),
-    _builtin("outcome_reward_shaping", "outcome", "maxrl", replaces_critic=True,
-             kwarg_checks={"eps": non_negative_number}),
-    _builtin("estimator", "estimators", "token_gae"),
-    _builtin("estimator", "estimators", "turn_gae"),
-    _builtin("estimator", "estimators", "reinforce", replaces_critic=True),
-    _builtin("estimator", "estimators", "optimal_token_baseline", requires=("sum_pi_squared",),
-             reads=("rollout_is_weights",), replaces_critic=True, kwarg_checks=_OTB),
-    _builtin("estimator", "estimators", "tir_optimal_token_baseline",
-             requires=("sum_pi_squared",), reads=("rollout_is_weights",),
-             replaces_critic=True, kwarg_checks=_OTB),
-    _builtin("estimator", "turn_estimators", "turn_rloo", replaces_critic=True),
-    _builtin("estimator", "turn_estimators", "turn_index_norm", replaces_critic=True,
-             kwarg_checks={"std_normalize": check_bool, **_EPS}),
-    _builtin("estimator", "turn_estimators", "gigpo", requires=("anchor_state_ids",),
-             replaces_critic=True, kwarg_checks=_GIGPO),
-    _builtin("process_adv_shaping", "process", "additive"),
-    _builtin("process_adv_shaping", "process", "gvpo", kwarg_checks=_GVPO_VALUES),
-    _builtin("process_adv_shaping", "process", "process_weighted"),
-)
-_REGISTERED: dict[str, dict[str, BuiltinStage]] = {family: {} for family in SELECTORS}
+#: One registry per family.
+STAGES: dict[str, Registry[StageEntry]] = {
+    family: Registry(f"{family} stage", BUILTIN_MODULES) for family in SELECTORS}
 
 
-def register_stage(family: str, name: Optional[str] = None, *,
+def register_stage(family: Any, name: Optional[str] = None, *,
                    kwarg_checks: Optional[Mapping[str, KwargCheck]] = None,
-                   requires: tuple[str, ...] = (), replaces_critic: bool = False,
-                   reads: tuple[str, ...] = ()):
+                   requires: tuple[str, ...] = (), reads: tuple[str, ...] = (),
+                   replaces_critic: bool = False, baseline: Optional[str] = None,
+                   timestep_unit: Optional[str] = None, reads_discount: bool = False,
+                   reads_lambda: bool = False, auto: bool = False,
+                   config_check: Optional[Callable[[str, Any], None]] = None):
     """Decorator: register ``fn`` as the stage ``name`` (default ``fn.__name__``) of
     ``family``, selectable by that name like a built-in. ``kwarg_checks`` maps a keyword
-    argument to ``check(key, value)``; ``requires`` names the optional batch keys it
-    reads (and raises without); ``reads`` those it reads when present (a trainer then
-    passes them, e.g. ``rollout_is_weights``); ``replaces_critic`` marks a stage that
-    needs no critic."""
+    argument to ``check(key, value)``; ``requires`` names the optional batch keys it reads
+    (and raises without); ``reads`` those it reads when present (a trainer then passes
+    them, e.g. ``rollout_is_weights``); ``replaces_critic`` marks a stage that needs no
+    critic. The other facts (:class:`StageEntry`) describe the built-ins to the config
+    checks, the trainer and the verl adapter."""
     if family not in SELECTORS:
-        raise ValueError(f"register_stage: unknown stage family {family!r}; expected one of "
-                         f"{', '.join(SELECTORS)}")
+        shown = f"the function {family.__name__}" if callable(family) else repr(family)
+        raise ValueError(f"register_stage family: expected one of {', '.join(SELECTORS)} "
+                         f"(@register_stage(\"estimator\")), got {shown}")
+    for arg, value, allowed in (("baseline", baseline, BASELINES),
+                                ("timestep_unit", timestep_unit, TIMESTEP_UNITS)):
+        if value not in allowed:
+            fail(f"register_stage {arg}", f"one of {allowed}", value)
+    for arg, keys in (("requires", requires), ("reads", reads)):
+        if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+            fail(f"register_stage {arg}", "a tuple of batch key names", keys)
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        stage_name = name or fn.__name__
-        if stage_name in BUILTIN_STAGES[family] or stage_name in _REGISTERED[family] \
-                or stage_name == SELECTORS[family]:
-            raise ValueError(f"register_stage: {family} {stage_name!r} is already registered")
-        keywords = set(list(inspect.signature(fn).parameters)[1:])
-        unknown = sorted(set(kwarg_checks or {}) - keywords)
-        if unknown:
-            raise ValueError(f"register_stage: {family} {stage_name!r} has checks for kwargs "
-                             f"{unknown} that its signature does not take")
-        path = f"{fn.__module__}.{fn.__qualname__}"
-        _REGISTERED[family][stage_name] = BuiltinStage(
-            family, stage_name, path, dict(kwarg_checks or {}), tuple(requires),
-            tuple(reads), replaces_critic, function=fn)
-        return fn
-    return decorate
+    def register(fn: Callable[..., Any], stage_name: str) -> None:
+        caller = "register_stage"
+        if stage_name == SELECTORS[family]:
+            fail(f"{caller} name", f"a name other than the selector {stage_name!r}", stage_name)
+        checks = check_kwarg_checks(caller, f"{family} {stage_name!r}", fn, kwarg_checks)
+        check_name(caller, stage_name)
+        entry = StageEntry(
+            stage_name, fn, checks, is_builtin(fn, STAGES[family]), family, tuple(requires),
+            tuple(reads), replaces_critic, baseline, timestep_unit, reads_discount,
+            reads_lambda, auto, config_check)
+        STAGES[family].add(entry, caller)
+    return decorator("register_stage", name, register)
 
 
 def unregister_stage(family: str, name: str) -> None:
     """Remove a stage registered with :func:`register_stage` (tests, notebooks that
     redefine one); built-ins cannot be removed."""
-    if name not in _REGISTERED.get(family, {}):
-        raise ValueError(f"unregister_stage: {family} {name!r} was not registered with "
-                         f"register_stage")
-    del _REGISTERED[family][name]
+    if family not in SELECTORS:
+        fail("unregister_stage family", f"one of {', '.join(SELECTORS)}", family)
+    STAGES[family].remove(name, "unregister_stage")
 
 
-def builtin_stage(family: str, name: str) -> BuiltinStage:
+def builtin_stage(family: str, name: str) -> StageEntry:
     """The named stage ``name`` of ``family`` (a ``KeyError`` if there is none)."""
-    if name in BUILTIN_STAGES[family]:
-        return BUILTIN_STAGES[family][name]
-    return _REGISTERED[family][name]
+    return STAGES[family][name]
 
 
 def builtin_names(family: str) -> tuple[str, ...]:
     """The selector, the built-ins and the registered stages of ``family``."""
-    return (SELECTORS[family], *BUILTIN_STAGES[family], *_REGISTERED[family])
+    return (SELECTORS[family], *STAGES[family].names())
+
+
+def auto_stage(family: str, timestep_unit: str) -> Optional[StageEntry]:
+    """The stage ``auto`` selects in ``family`` (None: the process stage is picked per call)."""
+    for entry in STAGES[family].entries():
+        if entry.auto and entry.timestep_unit in (None, timestep_unit):
+            return entry
+    return None
+
+
+def selected_stage(config: Any, family: str) -> Optional[StageEntry]:
+    """The named stage that runs for ``family`` under the actor ``config`` (``auto``
+    resolved), or None: a dotted path, a replaced pipeline, or the per-call process mode."""
+    spec = getattr(config.advantage, family)
+    if spec is None or spec.implementation == SELECTORS[family]:
+        return auto_stage(family, config.gae_timestep_unit)
+    return STAGES[family].get(spec.implementation)
 
 
 def check_stage_choice(key: str, family: str, implementation: str,
@@ -191,13 +167,13 @@ def check_stage_choice(key: str, family: str, implementation: str,
             raise ValueError(f"{key}: built-in {implementation!r} takes no kwargs, got kwargs "
                              f"{sorted(kwargs)}")
         return
-    if implementation not in builtin_names(family):
+    entry = STAGES[family].get(implementation)
+    if entry is None:
         fail(key, f"one of {', '.join(builtin_names(family))} or a dotted import path "
              f"(my_pkg.my_mod.fn)", implementation)
-    entry = builtin_stage(family, implementation)
     label = f"built-in {implementation!r}"
-    if entry.function is not None:  # a registered user stage: its signature says
-        check_signature(entry.function, kwargs, key, implementation, label=label)
+    if not entry.builtin:  # a registered user stage: its signature says
+        check_signature(entry.fn, kwargs, key, implementation, label=label)
     else:
         unknown = sorted(set(kwargs) - set(entry.kwarg_checks))
         if unknown:
@@ -208,3 +184,13 @@ def check_stage_choice(key: str, family: str, implementation: str,
         check = entry.kwarg_checks.get(name)
         if check is not None:
             check(f"{key}.kwargs.{name}", value)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILTIN_STAGES":  # the table this registry replaced
+        warnings.warn("lightning_adv.stages.registry.BUILTIN_STAGES is deprecated: the stages "
+                      "register with @register_stage; use builtin_names(family) and "
+                      "builtin_stage(family, name)", DeprecationWarning, stacklevel=2)
+        return {family: {e.name: e for e in registry.entries() if e.builtin}
+                for family, registry in STAGES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

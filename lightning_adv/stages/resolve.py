@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from torch import nn
 
 from lightning_adv.dotted_path import check_signature, resolve_callable
-from lightning_adv.stages.registry import builtin_stage
+from lightning_adv.stages.registry import auto_stage, builtin_stage
 
 if TYPE_CHECKING:
     from lightning_adv.config import ActorConfig, StageSpec
@@ -57,14 +57,12 @@ def resolve_stage(family: str, spec: Optional["StageSpec"], config: "ActorConfig
         fn = resolve_callable(name, kwargs, f"actor.advantage.{family}")
         return Stage(family, name, fn, kwargs, builtin=False)
     if name == "auto":
-        if family == "outcome_reward_shaping":
-            name = "identity"
-        elif family == "estimator":
-            name = "turn_gae" if config.estimator_unit == "turn" else "token_gae"
-        else:  # the process mode is picked per call (call-time PRM selection, else additive)
+        if family == "process_adv_shaping":
+            # the process mode is picked per call (call-time PRM selection, else the auto one)
             return Stage(family, "auto", None, {}, builtin=True)
+        name = auto_stage(family, config.gae_timestep_unit).name
     entry = builtin_stage(family, name)
     fn = entry.fn
     check_signature(fn, kwargs, f"actor.advantage.{family}", name, label=f"built-in {name!r}")
     # A stage a user registered by name is still called through the contract checks.
-    return Stage(family, name, fn, kwargs, builtin=entry.function is None)
+    return Stage(family, name, fn, kwargs, builtin=entry.builtin)

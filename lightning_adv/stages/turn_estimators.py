@@ -28,6 +28,11 @@ from torch import Tensor
 from lightning_adv.ops.gae import affine_suffix_scan, turn_id_errors, validate_turn_ids
 from lightning_adv.ops.turns import TurnSlots, turn_slots
 from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv._checks import check_bool, non_negative_number, positive_number, unit_interval
+from lightning_adv.stages.registry import register_stage
+
+_GIGPO = {"episode_weight": non_negative_number, "step_weight": non_negative_number,
+          "step_gamma": unit_interval, "std_normalize": check_bool, "eps": positive_number}
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,8 @@ def _shrunk(inputs: TemporalInputs, steps: Steps) -> Tensor:
     return shrunk[steps.group]
 
 
+@register_stage("estimator", replaces_critic=True, baseline="group", timestep_unit="turn",
+                reads_discount=True)
 def turn_rloo(inputs: TemporalInputs) -> TemporalResult:
     """``A_k = G_k - b_k``: the discounted return from turn k minus the mean of ``G_k``
     over the *other* episodes of the prompt group that reached turn k (0 when none did).
@@ -148,6 +155,8 @@ def turn_rloo(inputs: TemporalInputs) -> TemporalResult:
     return _result(inputs, steps, returns - baseline, returns)
 
 
+@register_stage("estimator", replaces_critic=True, baseline="group", timestep_unit="turn",
+                reads_discount=True, kwarg_checks={"std_normalize": check_bool, "eps": positive_number})
 def turn_index_norm(inputs: TemporalInputs, *, std_normalize: bool = False,
                     eps: float = 1e-6) -> TemporalResult:
     """Per-turn-index normalization, the shortcut ``turn_rloo`` replaces:
@@ -210,6 +219,8 @@ def _anchor_states(inputs: TemporalInputs, steps: Steps, where: str) -> Tensor:
     return at_end[steps.row, steps.turn].long()
 
 
+@register_stage("estimator", requires=("anchor_state_ids",), replaces_critic=True, baseline="group",
+                timestep_unit="turn", kwarg_checks=_GIGPO)
 def gigpo(inputs: TemporalInputs, *, episode_weight: float = 1.0, step_weight: float = 1.0,
           step_gamma: float = 0.95, std_normalize: bool = False,
           eps: float = 1e-6) -> TemporalResult:

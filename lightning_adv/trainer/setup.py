@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lightning_adv.config import ActorConfig, check_process_mode, critic_free_reason
+from lightning_adv.stages.registry import selected_stage
 from lightning_adv.dotted_path import is_dotted_path
 from lightning_adv.dotted_path import import_object, resolve_callable
 from lightning_adv.losses.kl_controllers import KLControllerConfig
@@ -299,18 +300,14 @@ def check_off_policy_options(actor: ActorConfig, ppo: PPOConfig) -> None:
                          "to false (decoupled mode)")
 
 
-#: built-in outcome stages whose baseline is the prompt group's (zero for one-member groups)
-GROUP_BASELINE_STAGES = ("opo_baseline", "gpg")
-
-
 def group_settings(actor: ActorConfig) -> list[str]:
     """The actor's settings that compare the responses of one prompt group."""
     found = [f"actor.{name}.{level}" for name in ("reward_norm", "adv_norm")
              for level in ("mean_level", "std_level")
              if getattr(actor, name) is not None and getattr(getattr(actor, name), level) == "group"]
-    outcome = actor.advantage.outcome_reward_shaping
-    if outcome is not None and outcome.implementation in GROUP_BASELINE_STAGES:
-        found.append(f"actor.advantage.outcome_reward_shaping ({outcome.implementation!r})")
+    outcome = selected_stage(actor, "outcome_reward_shaping")
+    if outcome is not None and outcome.baseline == "group":  # registered as a group baseline
+        found.append(f"actor.advantage.outcome_reward_shaping ({outcome.name!r})")
     return found
 
 
@@ -352,9 +349,10 @@ def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
                          f"{rows} rows per rank (ppo.prompts_per_step {ppo.prompts_per_step} / "
                          f"{world_size} rank(s) x ppo.n_samples {ppo.n_samples}), got "
                          f"{ppo.minibatches}")
-    if actor.estimator_unit == "turn" and runtime.task.max_turns < 2:
+    estimator = selected_stage(actor, "estimator")
+    if estimator is not None and "turn_ids" in estimator.requires and runtime.task.max_turns < 2:
         spec = actor.advantage.estimator
-        key = ("actor.advantage.estimator" if spec is not None and spec.implementation == "turn_gae"
+        key = ("actor.advantage.estimator" if spec is not None and spec.implementation != "auto"
                else "actor.gae_timestep_unit")
         raise ValueError(f"{key}: turn-level GAE needs a multi-turn task (the batch's turn_ids), "
                          f"and task {task.name!r} has one turn per episode; use estimator "

@@ -18,6 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "lightning_adv"
 LAYERS = {
     "lightning_adv.exceptions": 0, "lightning_adv._checks": 0, "lightning_adv.dotted_path": 0,
     "lightning_adv.distributed": 0,
+    # the one registry mechanism (stages and policy losses each keep one)
+    "lightning_adv.registry": 0,
     "lightning_adv.ops": 1, "lightning_adv.batch.grouping": 1,
     "lightning_adv.stages.registry": 2, "lightning_adv.config": 2,
     "lightning_adv.stages": 3, "lightning_adv.batch": 3,
