@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.batch.validation import BatchFacts, present
+from lightning_adv.batch.validation import BatchFacts, aligned_loss_mask, present
 from lightning_adv.config import ActorConfig
 from lightning_adv.stages.types import TemporalInputs
 from lightning_adv.batch.grouping import BatchMeta
@@ -35,6 +35,13 @@ def _masked_shift(x: Tensor, mask: Tensor) -> Tensor:
     return shift_left(x).mul_(mask)
 
 
+def next_token_aligned(batch: Mapping[str, Any], key: str) -> Tensor:
+    """The batch's token-aligned ``key`` (``logprobs``, ``rollout_logprobs``) in the
+    next-token convention, float32, 0 off the aligned loss mask: what the module does to
+    each such key (for a caller that needs one before the module runs)."""
+    return _masked_shift(batch[key].float(), aligned_loss_mask(batch["loss_mask"]))
+
+
 @dataclass(frozen=True)
 class AlignedBatch:
     """The batch moved to the next-token convention, with KL and process rewards ready."""
@@ -48,6 +55,9 @@ class AlignedBatch:
     prox_logp: Optional[Tensor]
     """the ``prox_logp`` output, or None to pass the input through (decoupled loss)"""
     mopd_behavior_logprobs: Optional[Tensor]
+    rollout_logp: Optional[Tensor]
+    """the sampler's ``rollout_logprobs`` (π_rollout of off-policy correction), aligned like
+    ``logprobs``; None when the batch has none"""
     kl_rewards: Tensor
     folded_token_rewards: Optional[Tensor]
     """per-turn rewards, each at its turn's last active position: folded ``token_rewards``
@@ -88,6 +98,8 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
     else:
         old = _masked_shift(logprobs, mask)
     prox = None if config.use_decoupled_loss else old
+    rollout = (_masked_shift(batch["rollout_logprobs"].float(), mask)
+               if present(batch, "rollout_logprobs") else None)
     ref = batch["ref_logp"] * mask if present(batch, "ref_logp") else None
 
     # The legacy code zeroes the KL at each row's last valid position before GAE. Both
@@ -100,8 +112,18 @@ def align_batch(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig
 
     values = batch["values"].float() if present(batch, "values") else torch.zeros_like(mask)
     bootstrap = values[rows, last_valid]
-    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, kl, folded, direct,
+    return AlignedBatch(mask, turn_ids, old, ref, prox, mopd, rollout, kl, folded, direct,
                         values, bootstrap, facts.is_truncated, facts)
+
+
+def optional_outputs(aligned: AlignedBatch) -> dict[str, Tensor]:
+    """The aligned keys the module outputs only when the batch gives them: ``prox_logp``
+    (the old log-probs, as in the legacy code), ``ref_logp``, ``mopd_behavior_logprobs``
+    and ``rollout_logprobs`` (each moved to the next-token convention once, here)."""
+    named = {"prox_logp": aligned.prox_logp, "ref_logp": aligned.ref_logp,
+             "mopd_behavior_logprobs": aligned.mopd_behavior_logprobs,
+             "rollout_logprobs": aligned.rollout_logp}
+    return {key: value for key, value in named.items() if value is not None}
 
 
 def _process_rewards(batch: Mapping[str, Any], facts: BatchFacts, config: ActorConfig,

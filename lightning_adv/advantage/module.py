@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv._checks import check_number, warn_caller
-from lightning_adv.advantage.alignment import AlignedBatch, align_batch, place_outcome, temporal_inputs
+from lightning_adv.advantage.alignment import (
+    AlignedBatch, align_batch, optional_outputs, place_outcome, temporal_inputs)
 from lightning_adv.advantage.multi_reward import combine_reward_components
 from lightning_adv.advantage.normalization import (
     check_group_members, norm_errors, normalize, normalize_outcome_rewards)
@@ -191,10 +192,7 @@ class AdvantageModule(nn.Module):
                   "is_truncated": aligned.is_truncated, "input_token_loss_mask": dropped["loss_mask"],
                   "advantages": zeros, "tot_rewards": zeros, "kl_rewards": zeros,
                   "rewards": torch.zeros_like(dropped["rewards"])}
-        if aligned.prox_logp is not None:
-            filler["prox_logp"] = aligned.prox_logp
-        if aligned.mopd_behavior_logprobs is not None:
-            filler["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
+        filler.update(optional_outputs(aligned))
         return filler
 
     def compute_default(self, batch: Mapping[str, Any], meta: Optional[BatchMeta],
@@ -351,12 +349,7 @@ class AdvantageModule(nn.Module):
                    logprobs=aligned.old_logp, rewards=rewards,
                    tot_rewards=temporal.total_rewards, kl_rewards=aligned.kl_rewards,
                    is_truncated=aligned.is_truncated, input_token_loss_mask=batch["loss_mask"])
-        if aligned.prox_logp is not None:
-            out["prox_logp"] = aligned.prox_logp  # the old log-probs, as in the legacy code
-        if batch.get("ref_logp") is not None:
-            out["ref_logp"] = aligned.ref_logp
-        if aligned.mopd_behavior_logprobs is not None:
-            out["mopd_behavior_logprobs"] = aligned.mopd_behavior_logprobs
+        out.update(optional_outputs(aligned))
         return out
 
 

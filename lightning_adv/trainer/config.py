@@ -15,16 +15,12 @@ from typing import Any, Optional
 from lightning_adv._checks import (
     check_bool, check_choice, check_gvpo_kwargs, check_int, check_number, fail, is_int)
 from lightning_adv.config import (
-    PRM_MODES, ActorConfig, PRMAdvantageShapingConfig, check_json_kwargs, convert_field,
-    nested_config)
+    PRM_MODES, PRMAdvantageShapingConfig, check_json_kwargs, convert_field, nested_config)
 from lightning_adv.dotted_path import is_dotted_path
-from lightning_adv.losses.kl_controllers import KLControllerConfig
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES
 from lightning_adv.losses.ppo_loss import RATIO_LEVELS
 from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig
 from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
-from lightning_adv.trainer.policies.config import PolicyConfig
-from lightning_adv.trainer.tasks.runtime import TaskConfig
 
 #: the dtypes a sampler copy (``ppo.rollout_dtype``) may be cast to
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")

@@ -51,7 +51,7 @@ from lightning_adv.trainer.logs.evaluation import (
 from lightning_adv.trainer.logs.heatmap_log import HeatmapLog
 from lightning_adv.trainer.logs.metrics import StepMetrics, episode_kl, log_histogram, logging_due
 from lightning_adv.trainer.rollout.off_policy import (
-    QueuedRollout, correct_rollout, mean_task_reward, off_policy_parts)
+    QueuedRollout, mean_task_reward, off_policy_batch, off_policy_parts, record_off_policy)
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.run.resume import reconcile_checkpoint
 from lightning_adv.trainer.rollout.step import BatchKeys, Rollout, sample_until_signal
@@ -262,10 +262,10 @@ class PPOModule(ShardingHooks, pl.LightningModule):
             fresh, entry = self.sample_step(batch.tolist(), step, rank)
             if entry is not None:
                 rollout, meta = self.make_batch(entry.groups, entry.baselines)
-                corrected = None if not self.ppo_config.off_policy else correct_rollout(
-                    rollout, self.ppo_config, self.actor_config.recompute_logprob,
-                    self.offpolicy_metrics, step, step - entry.version,
-                    "rollout_is_weights" in self.advantage.optional_batch_keys)
+                if self.ppo_config.off_policy:
+                    rollout = off_policy_batch(
+                        rollout, self.ppo_config, step, step - entry.version,
+                        "rollout_is_weights" in self.advantage.optional_batch_keys)
         except Exception:
             # A task function failing on this rank only: the other ranks are about to wait
             # in the advantage module's collectives; let them fail too.
@@ -274,7 +274,9 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         if entry is not None:  # (None: the off-policy queue is still filling)
             out = self.advantage(rollout, meta, prm=self.prm_shaping,
                                  kl_coef=self.kl_controller.value)
-            out.update(corrected.loss_inputs() if corrected is not None else {})
+            if self.ppo_config.off_policy:
+                record_off_policy(self.offpolicy_metrics, out, self.ppo_config,
+                                  step - entry.version)
             self.updater.step(rollout, out, generator(self.seed, "minibatches", step, rank), self)
             self.log_step(rollout, out, meta, entry.groups, fresh.sampled)  # fresh rewards
             self._update_kl_controller(out)

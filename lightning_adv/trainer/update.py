@@ -60,8 +60,8 @@ class Updater:
     def micro_batch_loss(self, batch: dict[str, Any], out: dict[str, Any], rows: Tensor,
                          counts: Any, module: Any = None) -> dict[str, Tensor]:
         """The loss (:class:`~lightning_adv.PPOLoss`) on ``rows``, cut to their longest
-        row; the off-policy tensors of ``out`` (``rollout_logprobs``,
-        ``rollout_is_weights``, ``rollout_rs_mask``, aligned) go with them."""
+        row; off-policy, the rollout's log-probs (aligned by the advantage module) go with
+        them, and the loss corrects its policy term."""
         ppo, loss_fn = self.ppo, self.loss_fn
         width = int(batch["attention_mask"][rows].sum(1).max())
         ids = batch["input_ids"][rows, :width]
@@ -83,9 +83,8 @@ class Updater:
             if module is not None:
                 module.offpolicy_metrics.update(logprobs.detach(), cut(out["logprobs"]), mask,
                                                 ppo.rollout_correction)
-        else:
-            extra.update({key: cut(out.get(key)) for key in
-                          ("rollout_logprobs", "rollout_is_weights", "rollout_rs_mask")})
+        elif "rollout_logprobs" in out:  # decoupled mode: the loss weighs π_old/π_rollout
+            extra["rollout_logprobs"] = cut(out["rollout_logprobs"])
         ref_logp = out.get("ref_logp") if ppo.kl_loss_coef > 0 else None
         return loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
                        ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **extra)
@@ -105,8 +104,8 @@ _LOSS_KEYS = {"kl_coef": "kl_loss_coef", "kl_estimator": "kl_loss_estimator"}
 
 def build_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
     """The trainer's loss; Dr.GRPO's constant defaults to the episode's token budget. The
-    rollout correction goes to the loss in bypass mode (π_θ against π_rollout at every
-    call); in decoupled mode the trainer computes it once per step and passes it in.
+    rollout correction is the loss's in both modes: bypass mode weighs π_θ against
+    π_rollout, decoupled mode π_old against π_rollout, at every call.
     Errors name the ``ppo`` key."""
     scale = ppo.loss_scale_factor
     if scale is None and ppo.loss_agg_mode == "seq-mean-token-sum-norm":
@@ -120,7 +119,7 @@ def build_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
             value_coef=ppo.value_coef, value_clip_eps=ppo.value_clip_eps,
             ratio_level=ppo.ratio_level, loss_scale_factor=scale, policy_loss=ppo.policy_loss,
             policy_loss_kwargs=ppo.policy_loss_kwargs,
-            rollout_correction=correction if correction is not None and correction.bypass_mode else None,
+            rollout_correction=correction,
             rollout_kl_coef=ppo.rollout_kl_coef, rollout_kl_estimator=ppo.rollout_kl_estimator,
             use_bias_correction_kl=ppo.use_bias_correction_kl)
     except ValueError as exc:

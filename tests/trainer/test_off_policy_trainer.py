@@ -4,6 +4,7 @@ log-probs as sampled (after temperature, top-k, top-p), the bf16 sampler's real 
 the correction the trainer computes equal to the library's, the async configs, resume, and
 the errors of bad off-policy settings."""
 
+import copy
 import subprocess
 import sys
 import warnings
@@ -16,7 +17,8 @@ import torch
 from lightning_adv import ActorConfig, PPOLoss, rollout_correction
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.policies.hf.sampling import SamplingParams, _warpers, hf_generate
+from lightning_adv.trainer.policies.base import GenerationRequest, SamplingParams
+from lightning_adv.trainer.policies.hf.sampling import _warpers
 from lightning_adv.trainer.policies.hf.policy import build_hf_policy
 from lightning_adv.trainer.rollout.off_policy import RolloutQueue, QueuedRollout
 from lightning_adv.trainer.setup import TrainerPlan
@@ -49,16 +51,22 @@ class Recorder(PPOModule):
         super().setup(stage)
         self.updates, self.sampled = [], {}
         self.initial = [p.detach().clone() for p in self.policy.parameters()]
+        step = self.updater.step
+
+        def recorded_step(batch, out, gen, module):
+            self.record_update(batch, out)
+            step(batch, out, gen, module)
+
+        self.updater.step = recorded_step
 
     def rollout(self, indices, gen):
         groups = super().rollout(indices, gen)
         self.sampled[self.rollout_step] = [ep.tokens for g in groups for ep in g]
         return groups
 
-    def update(self, batch, out, gen):
+    def record_update(self, batch, out):
         self.updates.append(dict(step=self.rollout_step, batch=dict(batch), out=dict(out),
                                  weights=[p.detach().clone() for p in self.policy.parameters()]))
-        super().update(batch, out, gen)
 
 
 @pytest.mark.parametrize("k", [0, 2])
@@ -88,14 +96,22 @@ def test_the_trainers_correction_is_the_librarys_on_the_advantage_modules_tensor
                        "lr": 0.01}, actor={"recompute_logprob": True})
     module.__class__ = Recorder
     fit(module, 6)
+    uncorrected = copy.copy(module.loss_fn)
+    uncorrected.rollout_correction = None
     checked = 0
     for u in module.updates:
         batch, out = u["batch"], u["out"]
         rollout = torch.roll(batch["rollout_logprobs"], -1, 1) * out["loss_mask"]
-        torch.testing.assert_close(out["rollout_logprobs"], rollout)
+        torch.testing.assert_close(out["rollout_logprobs"], rollout)  # aligned by the module
         want = rollout_correction(out["logprobs"], rollout, out["loss_mask"], **cfg)
-        torch.testing.assert_close(out["rollout_is_weights"], want.weights)
-        assert torch.equal(out["rollout_rs_mask"], want.loss_mask)
+        # the trainer's loss corrects its policy term from the three log-prob streams, as
+        # the library's rollout_correction does (its weights and rejection passed in)
+        current = out["logprobs"] + 0.05 * out["loss_mask"]
+        args = (current, out["logprobs"], out["advantages"], out["loss_mask"])
+        got = module.loss_fn(*args, rollout_logprobs=rollout)["loss"]
+        expected = uncorrected(*args, rollout_is_weights=want.weights,
+                               rollout_rs_mask=want.loss_mask)["loss"]
+        torch.testing.assert_close(got, expected)
         checked += int(bool((want.weights != out["loss_mask"]).any()))
     assert checked > 0  # the weights were not all 1: the bf16 sampler and the queue differ
 
@@ -122,7 +138,8 @@ def test_rollout_logprobs_are_those_of_the_distribution_sampled_from(tiny_lm):
                        ppo=PPOConfig(**SMALL, max_new_tokens=4, top_k=5, top_p=0.8,
                                      temperature=0.7), seed=0)
     params = SamplingParams(0.7, 5, 0.8)
-    groups = hf_generate(policy, module.runtime, [0, 1], 2, 4, params, torch.Generator().manual_seed(0))
+    groups = policy.generate(module.runtime, GenerationRequest([0, 1], 2, 4, params),
+                             torch.Generator().manual_seed(0))
     for ep in (ep for g in groups for ep in g):
         ids = torch.tensor([ep.tokens])
         logits, _ = policy(ids)
@@ -199,9 +216,9 @@ def test_the_trainers_loss_takes_the_ppo_settings():
                                               "rollout_is": "sequence"}}).loss_fn
     assert bypass.bypass_mode and bypass.rollout_correction.loss_type == "reinforce"
     assert bypass.rollout_correction.rollout_is == "sequence"
-    # decoupled mode computes the correction in the trainer, once per step, not in the loss
+    # decoupled mode's correction is the loss's too (from old and rollout log-probs)
     decoupled = make(ppo={"rollout_correction": TIS}, actor={"recompute_logprob": True}).loss_fn
-    assert decoupled.rollout_correction is None
+    assert not decoupled.bypass_mode and decoupled.rollout_correction.rollout_is == "token"
 
 
 @pytest.mark.parametrize("ppo, actor, match", [

@@ -8,11 +8,11 @@
 - :class:`RolloutCopy` (``ppo.rollout_dtype``): sampling runs on a copy of the policy in
   another dtype (bfloat16), refreshed from the trained weights every step: the sampler's
   numbers differ from the trainer's as an inference engine's do, a real mismatch on a CPU.
-- :func:`correct_rollout` (``ppo.rollout_correction``, decoupled mode): the rollout
-  correction of the batch, once per step before the advantages, from the recomputed
-  old log-probs (π_old, ``prox_logp``) and the sampler's (π_rollout); its weights reach
-  the stages that read ``rollout_is_weights`` and the loss's policy term, its rejection
-  the policy term only.
+- :func:`off_policy_batch`: the batch the advantage module reads (``policy_version``;
+  bypass mode's old log-probs; decoupled mode's IS weights for the stages that read
+  ``rollout_is_weights``). The module aligns ``rollout_logprobs`` like every other
+  token-aligned key, and :class:`~lightning_adv.PPOLoss` corrects its policy term in both
+  modes (``ppo.rollout_correction``) from the three log-prob streams.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch import Tensor
 
-from lightning_adv.advantage.alignment import shift_left
+from lightning_adv.advantage.alignment import next_token_aligned
 from lightning_adv.batch.validation import aligned_loss_mask
 from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from lightning_adv.metrics.off_policy_metrics import OffPolicyMetrics
@@ -106,53 +105,42 @@ def off_policy_parts(ppo: Any) -> tuple[OffPolicyMetrics, RolloutQueue, Optional
     return OffPolicyMetrics(dist_sync_on_step=False), RolloutQueue(ppo.off_policy_steps), sampler
 
 
-@dataclass
-class CorrectedBatch:
-    """The aligned (next-token) tensors the update reads beside the advantage output."""
-
-    rollout_logprobs: Tensor
-    rollout_is_weights: Optional[Tensor]
-    rollout_rs_mask: Optional[Tensor]
-
-    def loss_inputs(self) -> dict[str, Optional[Tensor]]:
-        return {"rollout_logprobs": self.rollout_logprobs,
-                "rollout_is_weights": self.rollout_is_weights,
-                "rollout_rs_mask": self.rollout_rs_mask}
-
-
-def aligned(batch: dict[str, Any], key: str, mask: Tensor) -> Tensor:
-    """A token-aligned batch key (``logprobs``, ``rollout_logprobs``) moved to the
-    next-token convention, 0 off ``mask`` (the advantage module's shift)."""
-    return shift_left(batch[key].float()) * mask
-
-
-def correct_rollout(batch: dict[str, Any], ppo: Any, recompute: bool, metrics: OffPolicyMetrics,
-                    version: int, staleness: int, reads_weights: bool) -> CorrectedBatch:
-    """The step's rollout correction (decoupled mode; bypass mode's runs in the loss) and
-    its metrics. Adds to ``batch`` each row's ``policy_version`` (``version - staleness``),
-    ``rollout_is_weights`` when a stage reads them, and in bypass mode replaces its
-    ``logprobs`` (the old ones) with the rollout's, as verl's ``apply_bypass_mode``."""
+def off_policy_batch(batch: dict[str, Any], ppo: Any, version: int, staleness: int,
+                     reads_weights: bool) -> dict[str, Any]:
+    """The step's batch for the advantage module, a new dict (``batch`` is not changed):
+    each row's ``policy_version`` (``version - staleness``); in bypass mode the rollout's
+    log-probs as the old ones (verl's ``apply_bypass_mode``); in decoupled mode, when a
+    stage reads them (``reads_weights``), the IS weights π_old/π_rollout of
+    :func:`~lightning_adv.rollout_correction`, the function the loss corrects its policy
+    term with in both modes."""
     correction: Optional[RolloutCorrectionConfig] = ppo.rollout_correction
+    out = dict(batch)
     rows = batch["input_ids"].shape[0]
-    batch["policy_version"] = torch.full((rows,), version - staleness, dtype=torch.long,
-                                         device=batch["input_ids"].device)
+    out["policy_version"] = torch.full((rows,), version - staleness, dtype=torch.long,
+                                       device=batch["input_ids"].device)
     if correction is not None and correction.bypass_mode:
-        batch["logprobs"] = batch["rollout_logprobs"]
-    mask = aligned_loss_mask(batch["loss_mask"])
-    rollout = aligned(batch, "rollout_logprobs", mask)
-    old = batch["prox_logp"].float() * mask if recompute else aligned(batch, "logprobs", mask)
+        out["logprobs"] = batch["rollout_logprobs"]
+    elif correction is not None and reads_weights:
+        mask = aligned_loss_mask(batch["loss_mask"])  # (decoupled mode recomputes prox_logp)
+        found = rollout_correction(batch["prox_logp"].float() * mask,
+                                   next_token_aligned(batch, "rollout_logprobs"), mask,
+                                   **correction.kwargs())
+        if found.weights is not None:
+            out["rollout_is_weights"] = found.weights
+    return out
+
+
+def record_off_policy(metrics: OffPolicyMetrics, out: dict[str, Any], ppo: Any,
+                      staleness: int) -> None:
+    """The step's ``offpolicy/`` metrics from the advantage module's aligned output: the
+    staleness, and (decoupled mode) π_old against π_rollout; in bypass mode the update
+    records π_θ against π_rollout at every micro-batch."""
+    correction: Optional[RolloutCorrectionConfig] = ppo.rollout_correction
     if correction is not None and correction.bypass_mode:
-        # π_old is π_rollout here; the loss records π_θ against it (ppo_update)
-        metrics.update_staleness(staleness, mask.shape[0])
-        return CorrectedBatch(rollout, None, None)
-    metrics.update(old, rollout, mask, correction, staleness)
-    if correction is None:
-        return CorrectedBatch(rollout, None, None)
-    found = rollout_correction(old, rollout, mask, **correction.kwargs())
-    if reads_weights and found.weights is not None:
-        batch["rollout_is_weights"] = found.weights
-    rs_mask = found.loss_mask if correction.rollout_rs is not None else None
-    return CorrectedBatch(rollout, found.weights, rs_mask)
+        metrics.update_staleness(staleness, out["loss_mask"].shape[0])
+    else:
+        metrics.update(out["logprobs"], out["rollout_logprobs"], out["loss_mask"], correction,
+                       staleness)
 
 
 def mean_task_reward(groups: list[list[Any]]) -> float:
