@@ -52,11 +52,14 @@ def best_of(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
 def sampler_run(policy: Any, runtime: Any, batch: int, new_tokens: int, kv_cache: bool
                 ) -> Callable[[], int]:
     from lightning_adv.trainer.data import generator
-    from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+    from lightning_adv.trainer.policies.base import GenerationRequest, SamplingParams
+    from lightning_adv.trainer.policies.hf.sampling import hf_generate
+
+    request = GenerationRequest(list(range(batch)), 1, new_tokens,
+                                SamplingParams(kv_cache=kv_cache))
 
     def run() -> int:
-        groups = hf_generate(policy, runtime, list(range(batch)), 1, new_tokens, SamplingParams(),
-                             generator(0, "bench"), kv_cache=kv_cache)
+        groups = hf_generate(policy, runtime, request, generator(0, "bench"))
         return sum(ep.generated.count(True) for g in groups for ep in g)
     return run
 

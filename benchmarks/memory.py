@@ -10,7 +10,8 @@ process, builds a ``PPOModule`` on it (a value head, a KL penalty, so a referenc
 
 - ``scoring``: ``make_batch``, the policy's pass (values, ``prox_logp``) and the
   reference's (``ref_logp``), at ``ppo.forward_batch_size`` = each of ``--sizes``;
-- ``update``: ``update`` with one minibatch of all rows and one epoch (a backward pass
+- ``update``: the update (``updater.step``; ``update`` in trees before the Policy
+  interface) with one minibatch of all rows and one epoch (a backward pass
   through the policy; SGD at lr 0, no Trainer), at ``ppo.micro_batch_size`` = each of
   ``--sizes``, on the same rollout batch for every version.
 
@@ -124,7 +125,7 @@ def peak_mib(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def ppo_module(model_dir: str, dtype: str, ppo_extra: dict[str, Any]) -> Any:
     """A ``PPOModule`` of this process's ``lightning_adv`` (critic, KL penalty, recomputed
-    log-probs, an entropy bonus with its gradient) that runs ``update`` without a Trainer:
+    log-probs, an entropy bonus with its gradient) that runs its update without a Trainer:
     plain ``backward`` and SGD at lr 0."""
     import torch
 
@@ -147,6 +148,16 @@ def ppo_module(model_dir: str, dtype: str, ppo_extra: dict[str, Any]) -> Any:
     return module
 
 
+def _update(module: Any, batch: dict[str, Any], out: dict[str, Any], gen: Any) -> None:
+    """One update of ``module`` on the scored ``batch``: ``module.updater.step``, or
+    ``module.update`` in a tree before the Policy interface (a baseline commit)."""
+    updater = getattr(module, "updater", None)
+    if updater is not None:
+        updater.step(batch, out, gen, module)
+    else:
+        module.update(batch, out, gen)
+
+
 def _scored(module: Any, groups: list[list[Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     batch, meta = module.make_batch(groups)
     return batch, dict(module.advantage(batch, meta))
@@ -154,7 +165,7 @@ def _scored(module: Any, groups: list[list[Any]]) -> tuple[dict[str, Any], dict[
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
     """Peak MiB and seconds of one ``make_batch`` (phase ``scoring``, ``--size`` =
-    ``ppo.forward_batch_size``) or one ``update`` (``update``, on the batch that phase
+    ``ppo.forward_batch_size``) or one update (phase ``update``, on the batch that phase
     ``inputs`` saved in ``--inputs``; ``--size`` = ``ppo.micro_batch_size``) in this
     process (a child in one tree)."""
     harness.set_thread_environment(args.threads)
@@ -170,11 +181,11 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         torch.save(_scored(module, episodes(args.batch, args.seq, vocab)), args.inputs)
         return {}
     if args.child == "update":
-        module.update(*warm, torch.Generator().manual_seed(0))
+        _update(module, *warm, torch.Generator().manual_seed(0))
         scored = torch.load(args.inputs, weights_only=False)
         module.sgd.zero_grad(set_to_none=False)  # the gradients' memory is not the pass's
         start = time.perf_counter()
-        _, peak = peak_mib(lambda: module.update(*scored, torch.Generator().manual_seed(0)))
+        _, peak = peak_mib(lambda: _update(module, *scored, torch.Generator().manual_seed(0)))
     else:
         groups = episodes(args.batch, args.seq, vocab)
         start = time.perf_counter()

@@ -5,7 +5,7 @@ machine drowns in noise when the difference is a few tens of milliseconds. This 
 trains ``--config`` (default ``configs/hf_grpo.yaml``) on the tiny model of ``make-tiny``
 in one process on one thread, alternating ``--repeats`` times between a module whose
 Hugging Face policy and reference read each shared prompt once (the trainer's default)
-and one whose instances read every row whole (``reads_shared_prompts = False``), each
+and one whose passes read every row whole (its prompt groups ignored), each
 for ``--steps`` training steps after ``--warmup`` untimed ones; the same seed, so the same
 prompts. It reports the median milliseconds per step of each phase (sampling, scoring,
 update) and their ratio::
@@ -28,25 +28,30 @@ from typing import Any, Optional
 
 import harness
 
-PHASES = {"sampling": "rollout", "scoring": "make_batch", "update": "update"}
+#: each phase's method: (the attribute of the module that holds it, or "" for the module)
+PHASES = {"sampling": ("", "rollout"), "scoring": ("", "make_batch"),
+          "update": ("updater", "step")}
 SIDES = ("whole rows", "each prompt once")
 
 
 def run_side(config: dict[str, Any], share: bool, steps: int, warmup: int, out: Path
              ) -> dict[str, float]:
     """Milliseconds per step of each phase (median over the timed steps) for one fit."""
+    import contextlib
+    from unittest import mock
+
     import lightning.pytorch as pl
 
     from lightning_adv.trainer import PPOModule
 
     module = PPOModule(**config)
-    if not share:
-        module.policy.reads_shared_prompts = False
-        if module.ref_policy is not None:
-            module.ref_policy.reads_shared_prompts = False
+    # whole rows: the policy's and the reference's passes are given no prompt groups to share
+    whole_rows = mock.patch("lightning_adv.trainer.policies.hf.policy._shared",
+                            lambda ids, prompts: None)
     times: dict[str, list[float]] = defaultdict(list)
-    for phase, name in PHASES.items():
-        method = getattr(module, name)
+    for phase, (holder, name) in PHASES.items():
+        owner = getattr(module, holder) if holder else module
+        method = getattr(owner, name)
 
         def timed(*args: Any, _method: Any = method, _phase: str = phase, **kwargs: Any) -> Any:
             start = time.perf_counter()
@@ -55,12 +60,13 @@ def run_side(config: dict[str, Any], share: bool, steps: int, warmup: int, out: 
             finally:
                 times[_phase].append(time.perf_counter() - start)
 
-        setattr(module, name, timed)
+        setattr(owner, name, timed)
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1,
                          default_root_dir=str(out))
-    trainer.fit(module)
+    with contextlib.nullcontext() if share else whole_rows:
+        trainer.fit(module)
     return {phase: 1e3 * statistics.median(values[warmup:]) for phase, values in times.items()}
 
 

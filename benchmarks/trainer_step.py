@@ -34,9 +34,11 @@ from typing import Any, Optional
 import harness
 
 DEFAULT_BASELINE = "a7e96eb"
-#: The PPOModule method each phase times, where the module has it.
-PHASE_METHODS = {"sampling": "rollout", "scoring": "make_batch", "update": "update",
-                 "logging": "log_step"}
+#: The PPOModule method each phase times, where the module has it: the first of its
+#: dotted paths that names one (``updater.step``: the update since the Policy interface
+#: refactor; ``update`` before it).
+PHASE_METHODS = {"sampling": ("rollout",), "scoring": ("make_batch",),
+                 "update": ("updater.step", "update"), "logging": ("log_step",)}
 PHASES = ("sampling", "scoring", "advantages", "update", "logging")
 
 
@@ -57,10 +59,16 @@ def _attach_phase_timers(module: Any, seconds: dict[str, float]) -> None:
                 seconds[phase] += time.perf_counter() - start
         return run
 
-    for phase, name in PHASE_METHODS.items():
-        method = getattr(module, name, None)
-        if callable(method):
-            setattr(module, name, timed(method, phase))
+    for phase, paths in PHASE_METHODS.items():
+        for path in paths:
+            *holders, name = path.split(".")
+            owner = module
+            for holder in holders:
+                owner = getattr(owner, holder, None)
+            method = getattr(owner, name, None)
+            if callable(method):
+                setattr(owner, name, timed(method, phase))
+                break
     advantage = getattr(module, "advantage", None)
     if isinstance(advantage, torch.nn.Module):
         started: list[float] = []

@@ -42,19 +42,28 @@ def test_every_weight_is_a_shard_and_every_pass_matches_the_unsharded_model(rank
     assert ranks[0][case]["state"] == 0.0 and ranks[0][case]["state_plain"]
 
 
-@pytest.mark.parametrize("strategy, hf, message", [
-    ("fsdp", True, r"trainer.strategy: FSDP1 \(fsdp\) wraps the whole module.*fsdp2"),
-    ("fsdp2", False, "trainer.strategy: FSDP2 shards Hugging Face policies.*strategy=ddp"),
+@pytest.mark.parametrize("strategy, policy, message", [
+    ("fsdp", "any", r"trainer.strategy: FSDP1 \(fsdp\) wraps the whole module.*fsdp2"),
+    ("fsdp2", "built-in", "trainer.strategy: FSDP2 shards Hugging Face policies.*strategy=ddp"),
+    ("fsdp2", "base", "trainer.strategy: FSDP2 shards Hugging Face policies.*strategy=ddp"),
 ])
-def test_strategies_the_trainer_cannot_shard_with_are_refused_naming_the_key(strategy, hf,
+def test_strategies_the_trainer_cannot_shard_with_are_refused_naming_the_key(strategy, policy,
                                                                              message):
     from lightning.pytorch.strategies import FSDPStrategy
 
+    from lightning_adv.trainer.policies.base import Policy
+    from lightning_adv.trainer.policies.config import PolicyConfig
     from lightning_adv.trainer.policies.sharding import FSDP2Strategy, configure_sharding
+    from lightning_adv.trainer.policies.tiny import TinyPolicy
 
     chosen = FSDPStrategy() if strategy == "fsdp" else FSDP2Strategy()
+    if strategy == "fsdp2":  # the mesh of one data-parallel rank (a run has set it up)
+        one_rank = type("Mesh", (), {"size": lambda self: 1})()
+        chosen._device_mesh = {"tensor_parallel": one_rank, "data_parallel": one_rank}
+    built = {"any": lambda: torch.nn.Linear(2, 2), "base": Policy,
+             "built-in": lambda: TinyPolicy(PolicyConfig(d_model=8, n_heads=2), 5, 8)}[policy]()
     with pytest.raises(ValueError, match=message):
-        configure_sharding(chosen, torch.nn.Linear(2, 2), None, hf=hf)
+        configure_sharding(chosen, built, None)
 
 
 def test_fsdp2_is_a_strategy_name_lightning_knows():

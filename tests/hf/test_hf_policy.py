@@ -8,8 +8,10 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, ViTConfig, ViTModel
 
+from lightning_adv.trainer.policies.base import ScoreRequest
 from lightning_adv.trainer.policies.hf.policy import (
     AdapterDisabledReference, build_hf_policy, check_device_dtype, check_hf_policy)
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.policies.config import PolicyConfig
 
 IDS = torch.tensor([[1, 20, 30, 40, 50, 60], [1, 70, 80, 90, 0, 0]])
@@ -171,7 +173,12 @@ def test_lora_reference_is_the_policy_with_adapters_disabled(tiny_lm):
     assert isinstance(reference, AdapterDisabledReference) and not isinstance(reference, torch.nn.Module)
     perturb(policy)
     assert not torch.allclose(policy(IDS)[0], base, atol=1e-3)
-    torch.testing.assert_close(reference(IDS)[0], base)
+    torch.testing.assert_close(policy.reference_logits(IDS), base)
+    # its scores: the log-probs of the model without adapters
+    lengths = (IDS != 0).sum(1)
+    scores = reference.token_scores(IDS, lengths, ScoreRequest(frozenset({"logprobs"})))
+    has_next = torch.arange(IDS.shape[1])[None] < (lengths - 1)[:, None]
+    torch.testing.assert_close(scores["logprobs"], next_token_logprobs(base, IDS) * has_next)
     # the adapters' initialisation comes from the seed
     name = next(n for n in trainable if "lora_A" in n)
     first, again, other = (dict(build_hf_policy(config, seed=s).named_parameters())[name]

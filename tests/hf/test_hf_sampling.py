@@ -2,13 +2,16 @@
 the right-padded SPEC batch, log-probs equal to the training forward pass's, EOS, stop
 strings, pad = EOS, top-k / top-p, multi-turn chat replies."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from lightning_adv import ActorConfig, AdvantageModule
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
-from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+from lightning_adv.trainer.policies.base import GenerationRequest, SamplingParams
+from lightning_adv.trainer.policies.hf.sampling import hf_generate
 from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.rollout.batch import build_batch, score
@@ -35,8 +38,9 @@ def setup(path, task=None, **policy_kwargs):
 
 def sample(policy, runtime, params=PLAIN, kv_cache=True, indices=(0, 1, 2, 3), n=3,
            max_new_tokens=6, seed=0):
-    groups = hf_generate(policy, runtime, list(indices), n, max_new_tokens, params,
-                         generator(seed, "test"), kv_cache=kv_cache)
+    request = GenerationRequest(list(indices), n, max_new_tokens,
+                                replace(params, kv_cache=kv_cache))
+    groups = hf_generate(policy, runtime, request, generator(seed, "test"))
     score(groups, runtime)
     return groups
 
@@ -94,14 +98,42 @@ def test_the_batch_is_right_padded_and_follows_the_episodes(reverse):
     AdvantageModule(ActorConfig(kl_ctl=0.0))(batch, meta)  # a valid SPEC batch
 
 
-def test_the_kv_cache_samples_what_rereading_the_prefix_samples(tiny_lm):
-    policy, runtime = setup(tiny_lm, TaskConfig(name="guess"))
-    cached = sample(policy, runtime, indices=(0, 1), n=4, max_new_tokens=3)
-    plain = sample(policy, runtime, indices=(0, 1), n=4, max_new_tokens=3, kv_cache=False)
+@pytest.mark.parametrize("case", ["multi-turn", "ragged prompts"])
+def test_the_kv_cache_samples_what_rereading_the_prefix_samples(tiny_lm, reverse, case):
+    """The sampler with the model's KV cache, whose first step reads each distinct prompt
+    once for all its samples (``lightning_adv.trainer.policies.hf.prompt_sharing``), draws
+    the episodes that re-reading every row's whole history at each step draws: with
+    environment replies between turns (guess) and with left-padded prompts of different
+    lengths (a text dataset)."""
+    if case == "multi-turn":
+        policy, runtime = setup(tiny_lm, TaskConfig(name="guess"))
+        kwargs = dict(indices=(0, 1), n=4, max_new_tokens=3)
+    else:
+        policy, runtime = reverse
+        kwargs = dict(indices=(0, 1, 2, 3), n=3, max_new_tokens=6)
+    first_batches = []
+    decode = policy.decode_step
+
+    def recording(input_ids, attention_mask, position_ids, cache=None):
+        if cache is None:
+            first_batches.append(input_ids.shape[0])
+        return decode(input_ids, attention_mask, position_ids, cache)
+
+    policy.decode_step = recording
+    try:
+        cached = sample(policy, runtime, **kwargs)
+    finally:
+        del policy.decode_step
+    plain = sample(policy, runtime, kv_cache=False, **kwargs)
+    prompts = {tuple(ep.tokens[:ep.generated.index(True)]) for g in cached for ep in g}
+    assert first_batches == [len(prompts)]  # each prompt read once, for all its samples
+    if case == "ragged prompts":
+        assert len({len(p) for p in prompts}) > 1
+        assert sum(len(ep.tokens) for g in cached for ep in g) > 12 * 10
     for a, b in zip((ep for g in cached for ep in g), (ep for g in plain for ep in g)):
         assert a.tokens == b.tokens and a.turns == b.turns
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
-    again = sample(policy, runtime, indices=(0, 1), n=4, max_new_tokens=3)
+    again = sample(policy, runtime, **kwargs)
     assert [ep.tokens for g in again for ep in g] == [ep.tokens for g in cached for ep in g]
 
 

@@ -260,8 +260,8 @@ def test_greedy_baseline_and_dynamic_sampling_with_a_hf_policy(tiny_lm, tmp_path
         for p in module.policy.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
     indices = [3, 7]
-    baselines = module.greedy_baselines(indices)
-    tokenizer = module.hf_tokenizer
+    baselines = module.rollouts.greedy_rewards(indices)
+    tokenizer = module.policy.tokenizer
     for index, baseline in zip(indices, baselines):
         prompt = torch.tensor([module.runtime.instance(index)[1]])
         out = module.policy.model.generate(prompt, generation_config=GenerationConfig(

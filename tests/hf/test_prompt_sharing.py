@@ -1,9 +1,13 @@
 """Each prompt read once for all its samples (``lightning_adv.trainer.policies.hf.prompt_sharing``):
-the logits, values and gradients of the shared pass equal those of one pass over the
-whole batch (Qwen2 and Llama; a value head on the trunk, a separate critic, LoRA and its
-adapter-free reference), the sampler reads each distinct prompt once and draws the
-episodes it drew re-reading every prompt, and a whole training step is that of the
-trainer reading every row whole."""
+``HFPolicy.train_forward`` and ``token_scores`` given the rows' prompt groups
+(``PromptGroups``) give the log-probs, entropies, values, scores and gradients of one
+pass over the whole batch without them (Qwen2 and Llama; a value head on the trunk, a
+separate critic, LoRA and its adapter-free reference), and a whole training step is that
+of the trainer reading every row whole. (The sampler's first step reads each distinct
+prompt once too: ``tests/hf/test_hf_sampling.py``, with the KV cache it belongs to.)"""
+
+import contextlib
+from unittest import mock
 
 import lightning.pytorch as pl
 import pytest
@@ -12,10 +16,9 @@ import torch
 from lightning_adv import ActorConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
-from lightning_adv.trainer.policies.hf.policy import build_hf_policy, check_hf_policy
-from lightning_adv.trainer.policies.hf.sampling import SamplingParams, hf_generate
+from lightning_adv.trainer.policies.base import SCORES, PromptGroups, ScoreRequest
+from lightning_adv.trainer.policies.hf.policy import build_hf_policy
 from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts
-from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.tasks.text import write_text_dataset
 
 CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
@@ -66,16 +69,17 @@ def test_a_shared_prompt_pass_is_one_pass_over_the_batch(arch, case, tiny_lm, ti
     reference = policy.reference()
     perturbed(policy)
     ids, lengths, prompt_lengths = rows_sharing_prompts()
-    shared = SharedPrompts.of(ids, prompt_lengths)
-    assert len(shared.first_rows) == 4  # three prompts, and the row without one
+    # three prompts, and the row without one
+    assert len(SharedPrompts.of(ids, prompt_lengths).first_rows) == 4
+    groups = PromptGroups(prompt_lengths, 3)
     real = torch.arange(ids.shape[1])[None] < lengths[:, None]
     outputs, grads = {}, {}
-    for name, kwargs in (("whole", {}), ("shared", {"shared": shared})):
+    for name, prompts in (("whole", None), ("shared", groups)):
         policy.zero_grad()
-        logits, values = policy(ids, **kwargs)
-        loss = (logits.log_softmax(-1)[..., 11] * real).sum() + (values * real).square().sum()
+        logprobs, values, ent = policy.train_forward(ids, real, 0.8, True, prompts)
+        loss = ((logprobs + 0.1 * ent) * real).sum() + (values * real).square().sum()
         loss.backward()
-        outputs[name] = (logits.detach(), values.detach())
+        outputs[name] = (logprobs.detach(), values.detach(), ent.detach())
         grads[name] = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
     for whole, shared_out in zip(outputs["whole"], outputs["shared"]):
         torch.testing.assert_close(shared_out[real], whole[real], atol=1e-5, rtol=1e-5)
@@ -84,48 +88,26 @@ def test_a_shared_prompt_pass_is_one_pass_over_the_batch(arch, case, tiny_lm, ti
     for name, grad in grads["whole"].items():
         torch.testing.assert_close(grads["shared"][name], grad, atol=1e-6 * scale, rtol=1e-5,
                                    msg=name)
-    with torch.no_grad():  # the reference (under LoRA: the policy, adapters disabled)
-        torch.testing.assert_close(reference(ids, shared=shared)[0][real],
-                                   reference(ids)[0][real], atol=1e-5, rtol=1e-5)
-        assert not torch.allclose(reference(ids)[0][real], outputs["whole"][0][real], atol=1e-3)
+    # the scoring passes: the policy's scores, and the reference's log-probs (under LoRA:
+    # the policy, adapters disabled)
+    scores = {name: policy.token_scores(ids, lengths, ScoreRequest(SCORES, 0.8, prompts))
+              for name, prompts in (("whole", None), ("shared", groups))}
+    assert scores["whole"].keys() == SCORES
+    for key, whole in scores["whole"].items():
+        torch.testing.assert_close(scores["shared"][key], whole, atol=1e-5, rtol=1e-5, msg=key)
+    refs = {name: reference.token_scores(ids, lengths, ScoreRequest(
+        frozenset({"logprobs"}), 0.8, prompts))["logprobs"]
+        for name, prompts in (("whole", None), ("shared", groups))}
+    torch.testing.assert_close(refs["shared"], refs["whole"], atol=1e-5, rtol=1e-5)
+    next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
+    assert not torch.allclose(refs["whole"][next_real], scores["whole"]["logprobs"][next_real],
+                              atol=1e-3)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     # prompts of different lengths, so the prompts are left-padded
     return str(write_text_dataset(tmp_path_factory.mktemp("d") / "r.jsonl", "reverse", n=16))
-
-
-def test_the_sampler_reads_each_prompt_once_and_draws_the_same_episodes(tiny_lm, dataset):
-    task = TaskConfig(dataset=dataset, reward=CHAR_MATCH)
-    config = PolicyConfig(pretrained=tiny_lm)
-    runtime = TaskRuntime(task, tokenizer=check_hf_policy(config, task.chat_template).tokenizer)
-    policy = perturbed(build_hf_policy(config, seed=0)).eval()
-    first_batches = []
-    decode = policy.decode_step
-
-    def recording(input_ids, attention_mask, position_ids, cache=None):
-        if cache is None:
-            first_batches.append(input_ids.shape[0])
-        return decode(input_ids, attention_mask, position_ids, cache)
-
-    def sample(kv_cache):
-        return hf_generate(policy, runtime, [0, 1, 2, 3], 3, 6, SamplingParams(),
-                           generator(0, "test"), kv_cache=kv_cache)
-
-    policy.decode_step = recording
-    try:
-        cached = sample(kv_cache=True)
-    finally:
-        del policy.decode_step
-    uncached = sample(kv_cache=False)  # every step re-reads every row's whole history
-    assert first_batches == [4]  # four prompts read once, for twelve episodes
-    assert sum(len(ep.tokens) for group in cached for ep in group) > 12 * 10
-    for group, other in zip(cached, uncached):
-        for a, b in zip(group, other):
-            assert a.tokens == b.tokens
-            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
-                                       atol=1e-5, rtol=1e-5)
 
 
 def one_step(tiny_lm, dataset, share, out):
@@ -137,9 +119,6 @@ def one_step(tiny_lm, dataset, share, out):
                                      lr=0.01, max_new_tokens=6, entropy_coef=0.01,
                                      kl_loss_coef=0.1),
                        evaluation={"num_prompts": 0}, seed=0)
-    if not share:  # the instance reads every row whole
-        module.policy.reads_shared_prompts = False
-        module.ref_policy.reads_shared_prompts = False
     losses = []
     forward = module.loss_fn.forward
 
@@ -153,7 +132,11 @@ def one_step(tiny_lm, dataset, share, out):
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=out)
-    trainer.fit(module)
+    # share false: the policy's and the reference's passes read every row whole
+    whole_rows = mock.patch("lightning_adv.trainer.policies.hf.policy._shared",
+                            lambda ids, prompts: None)
+    with contextlib.nullcontext() if share else whole_rows:
+        trainer.fit(module)
     return losses, {n: p.detach() for n, p in module.policy.named_parameters()}
 
 

@@ -437,12 +437,13 @@ def test_a_bool_mask_and_a_float32_batch_work():
 
 
 def test_the_builtin_trainer_keeps_its_loss_and_metrics():
-    """PPOModule.update (which uses PPOLoss and AdvantageMetrics) reproduces, minibatch by
+    """PPOModule's update (``module.updater.step``: PPOLoss and AdvantageMetrics) reproduces, minibatch by
     minibatch, the loss, gradients and loss metrics of the trainer's earlier hand-written
     clipped-surrogate loss, written out here as it was."""
     from lightning_adv import ActorConfig
     from lightning_adv.trainer.data import generator
-    from lightning_adv.trainer.policies.logprobs import entropy, next_token_logprobs
+    from lightning_adv.trainer.policies.logprobs import (
+        entropy_of_logprobs, next_token_logprobs, scaled_log_softmax)
     from lightning_adv.trainer.policies.config import PolicyConfig
     from lightning_adv.trainer.ppo import PPOConfig, PPOModule
 
@@ -472,7 +473,7 @@ def test_the_builtin_trainer_keeps_its_loss_and_metrics():
     minibatch_gen = torch.Generator().manual_seed(11)
     order = torch.randperm(len(batch["rewards"]), generator=torch.Generator().set_state(
         minibatch_gen.get_state()))
-    module.update(batch, out, minibatch_gen)
+    module.updater.step(batch, out, minibatch_gen, module)
     logged = module.adv_metrics.compute()
 
     lengths = batch["attention_mask"].sum(1)
@@ -490,7 +491,7 @@ def test_the_builtin_trainer_keeps_its_loss_and_metrics():
         ratio = log_ratio.exp()
         adv = out["advantages"][chunk, :width]
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - ppo.clip_eps, 1 + ppo.clip_eps))
-        ent = entropy(logits, ppo.temperature)
+        ent = entropy_of_logprobs(scaled_log_softmax(logits, ppo.temperature))
         ret, old_v = out["returns"][chunk, :width], batch["values"][chunk, :width]
         clipped = old_v + (values - old_v).clamp(-ppo.value_clip_eps, ppo.value_clip_eps)
         v_loss = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2)

@@ -13,7 +13,6 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lightning_adv.trainer import rollout as rollouts
 from lightning_adv.trainer.data import generator
 
 #: prompt indices whose greedy responses are recorded
@@ -42,9 +41,8 @@ class ShardingProbe(pl.Callback):
         torch.save(held, self.out / f"rank{trainer.global_rank}_weights.pt")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        groups = rollouts.generate_episodes(
-            pl_module.policy, pl_module.runtime, PROMPTS, 1, pl_module.max_new_tokens,
-            pl_module.ppo_config, generator(0, "probe"), hf=True, greedy=True)
+        request = pl_module.rollouts.request(PROMPTS, 1, greedy=True)
+        groups = pl_module.policy.generate(pl_module.runtime, request, generator(0, "probe"))
         records = []
         for (episode,) in groups:
             start = episode.generated.index(True)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_adv.trainer.policies.base import ScoreRequest
 from lightning_adv.trainer.policies.hf.policy import build_hf_policy
 from lightning_adv.trainer.policies.config import PolicyConfig
 
@@ -42,6 +43,12 @@ def rows(rank: int) -> torch.Tensor:
     ids = torch.randint(3, 250, (3, 7), generator=gen)
     ids[1, 5:] = 0
     return ids
+
+
+def logprobs_of(scored: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The next-token log-probs of a policy or reference (``token_scores``)."""
+    lengths = (ids != 0).sum(1)
+    return scored.token_scores(ids, lengths, ScoreRequest(frozenset({"logprobs"})))["logprobs"]
 
 
 def loss_of(logits: torch.Tensor, values: Any) -> torch.Tensor:
@@ -77,8 +84,10 @@ def run_case(name: str, config: PolicyConfig, mesh: Any, rank: int) -> dict[str,
     expected_logits, expected_values = full(ids)
     out["forward"] = max(max_diff(logits, expected_logits), max_diff(values, expected_values))
     with torch.no_grad():
-        out["reference_pass"] = max_diff(reference(ids)[0], full_reference(ids)[0])
-        out["reference_moves"] = max_diff(full_reference(ids)[0], expected_logits)
+        out["reference_pass"] = max_diff(logprobs_of(reference, ids),
+                                         logprobs_of(full_reference, ids))
+        out["reference_moves"] = max_diff(logprobs_of(full_reference, ids),
+                                          logprobs_of(full, ids))
     loss_of(logits, values).backward()
     # FSDP averages the ranks' gradients (as DDP does): the unsharded copy's gradient of
     # the mean of both ranks' losses

@@ -92,7 +92,7 @@ def test_rollouts_carry_turn_rewards_at_turn_ends_and_tool_replies_masked():
 
 def test_anchor_states_are_each_turns_context():
     model = PPOModule(actor=recipe("gigpo"), **TINY)
-    assert model.recipe_inputs == {"anchor_state_ids"}
+    assert model.rollouts.keys.recipe_inputs == {"anchor_state_ids"}
     groups = model.rollout([0], generator(5, "calc"))
     batch, _ = model.make_batch(groups)
     episodes = groups[0]

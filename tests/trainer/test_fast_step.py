@@ -1,8 +1,9 @@
 """The trainer step's shortcuts give the plain computation's numbers: the built-in
-policy's passes over selected positions only (``forward_selected``: the update's
-loss-mask positions, the scoring passes' read positions) those of a full forward pass
-over the padded rows, to float rounding, and so do the loss, its gradient and whole
-training steps; the rollout batch built at once that of ``concat_batch`` over the prompt
+policy's (:class:`TinyPolicy`) passes over selected positions only (``forward_selected``:
+``train_forward`` at the update's loss-mask positions, ``token_scores`` at the scoring
+passes' read positions) those of the :class:`Policy` base class's full forward pass over
+the padded rows, to float rounding, and so do the loss, its gradient and whole training
+steps; the rollout batch built at once that of ``concat_batch`` over the prompt
 groups."""
 
 import warnings
@@ -14,12 +15,13 @@ import torch.nn.functional as F
 
 from lightning_adv import ActorConfig, concat_batch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
-from lightning_adv.trainer import update as ppo_module
-from lightning_adv.trainer.policies.tiny_network import CausalTransformer
-from lightning_adv.trainer.policies.logprobs import logprobs_and_entropy, next_token_logprobs
-from lightning_adv.trainer.rollout.recipe_inputs import sum_pi_squared
+from lightning_adv.losses.ppo_loss import PPOLoss
+from lightning_adv.trainer.policies.base import (
+    GenerationRequest, Policy, PromptGroups, ScoreRequest)
+from lightning_adv.trainer.policies.tiny import TinyPolicy, shared_prompt_logprobs
+from lightning_adv.trainer.policies.tiny_network import small_log_softmax
+from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.rollout.batch import build_batch, score
-from lightning_adv.trainer.policies.tiny_sampling import generate
 from lightning_adv.trainer.rollout.scoring import scoring_passes
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.data import generator
@@ -27,9 +29,9 @@ from lightning_adv.trainer.data import generator
 
 def trained_looking_policy(n_layers=2, value_head=True, vocab=11, width=24):
     torch.manual_seed(0)
-    policy = CausalTransformer(PolicyConfig(d_model=32, n_layers=n_layers, n_heads=4,
-                                            value_head=value_head), vocab, width,
-                               banned_tokens=(0,))
+    policy = TinyPolicy(PolicyConfig(d_model=32, n_layers=n_layers, n_heads=4,
+                                     value_head=value_head), vocab, width,
+                        banned_tokens=(0,))
     with torch.no_grad():  # the LM and value heads start at zero; make them matter
         for p in policy.parameters():
             p.add_(0.3 * torch.randn(p.shape))
@@ -88,15 +90,16 @@ def test_forward_selected_with_nothing_selected_still_backpropagates():
 
 
 @pytest.mark.parametrize("entropy_grad", [False, True])
-def test_loss_positions_pass_gives_the_plain_pass_loss_and_gradient(entropy_grad):
-    """PPOLoss (clipped value loss, KL term, entropy bonus) on the loss mask's positions
-    only equals the loss over a full pass, and so does its gradient."""
+def test_train_forward_gives_the_plain_pass_loss_and_gradient(entropy_grad):
+    """PPOLoss (clipped value loss, KL term, entropy bonus) on TinyPolicy.train_forward's
+    loss mask positions only equals the loss over the base class's full pass
+    (Policy.train_forward), and so does its gradient."""
     policy = trained_looking_policy()
     ids, real, mask = ragged_batch([7, 3, 12, 5, 9, 1], width=13, seed=3)
     g = torch.Generator().manual_seed(4)
     noise = [torch.randn(ids.shape, generator=g) for _ in range(5)]
-    loss_fn = ppo_module.PPOLoss(entropy_coef=0.01 if entropy_grad else 0.0, kl_coef=0.1,
-                                 value_clip_eps=0.2, loss_agg_mode="seq-mean-token-mean")
+    loss_fn = PPOLoss(entropy_coef=0.01 if entropy_grad else 0.0, kl_coef=0.1,
+                      value_clip_eps=0.2, loss_agg_mode="seq-mean-token-mean")
 
     def loss(pass_fn):
         logprobs, values, ent = pass_fn(policy, ids, mask, 0.7, entropy_grad)
@@ -111,13 +114,8 @@ def test_loss_positions_pass_gives_the_plain_pass_loss_and_gradient(entropy_grad
         result["loss"].backward()
         return result, {n: p.grad.clone() for n, p in policy.named_parameters()}
 
-    def plain(policy, ids, active, temperature, entropy_grad):
-        logits, values = policy(ids)
-        logprobs, ent = logprobs_and_entropy(logits, ids, temperature, entropy_grad=entropy_grad)
-        return logprobs, values, ent
-
-    want, want_grads = loss(plain)
-    got, got_grads = loss(ppo_module.loss_positions_pass)
+    want, want_grads = loss(Policy.train_forward)
+    got, got_grads = loss(TinyPolicy.train_forward)
     assert want.keys() == got.keys()
     for key in want:
         assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), key
@@ -127,28 +125,51 @@ def test_loss_positions_pass_gives_the_plain_pass_loss_and_gradient(entropy_grad
 
 @pytest.mark.parametrize("value_head", [True, False])
 def test_scoring_passes_of_the_built_in_policy_equal_a_full_pass(value_head):
+    """TinyPolicy.token_scores (through scoring_passes, whole and in chunks of rows)
+    equals the base class's full pass, Policy.token_scores."""
     policy = trained_looking_policy(value_head=value_head)
-    reference = trained_looking_policy()
-    reference.value_head = None
+    reference = trained_looking_policy().reference()
     ids, real, _ = ragged_batch([7, 3, 12, 5, 9, 1], width=12)
     lengths = real.sum(1)
     next_real = F.pad(real[:, 1:], (0, 1))
+    request = ScoreRequest(frozenset({"logprobs", "sum_pi_squared"}
+                                     | ({"values"} if value_head else set())), 0.8)
     with torch.no_grad():
-        logits, values = policy(ids)
-        want = {"prox_logp": next_token_logprobs(logits, ids, 0.8),
-                "ref_logp": next_token_logprobs(reference(ids)[0], ids, 0.8),
-                "sum_pi_squared": sum_pi_squared(logits, 0.8)}
+        plain = Policy.token_scores(policy, ids, lengths, request)
+        want = {"prox_logp": plain["logprobs"], "sum_pi_squared": plain["sum_pi_squared"],
+                "ref_logp": Policy.token_scores(reference, ids, lengths, ScoreRequest(
+                    frozenset({"logprobs"}), 0.8))["logprobs"]}
         if value_head:
-            want["values"] = values
+            want["values"] = plain["values"]
     for rows in (None, 2):
-        got = scoring_passes(policy, reference, ids, lengths, 0.8, values=value_head,
-                             logprobs=True, pi_squared=True, rows=rows)
+        got = scoring_passes(policy, reference, ids, lengths, request, rows=rows)
         assert got.keys() == want.keys()
         for key, tensor in got.items():
             assert tensor.dtype == torch.float32 and tensor.shape == ids.shape
             read = real if key == "values" else next_real
             assert torch.allclose(tensor[read], want[key][read], rtol=1e-5, atol=1e-5), key
             assert not tensor[~real].any(), key  # nothing computed past a row's end
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_small_log_softmax_equals_torch_log_softmax(temperature):
+    """The built-in policy's written-out log-softmax over its few dozen tokens (sampler,
+    scoring and update) gives torch.log_softmax's values and gradient."""
+    g = torch.Generator().manual_seed(7)
+    logits = (3 * torch.randn(4, 6, 11, generator=g)).requires_grad_()
+    weights = torch.randn(4, 6, 11, generator=g)
+
+    def value_and_grad(fn):
+        logits.grad = None
+        out = fn(logits)
+        (out * weights).sum().backward()
+        return out.detach(), logits.grad.clone()
+
+    got, got_grad = value_and_grad(lambda x: small_log_softmax(x, temperature))
+    want, want_grad = value_and_grad(lambda x: torch.log_softmax(x.float() / temperature, -1))
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
 SMALL = dict(prompts_per_step=4, n_samples=4, minibatches=2, epochs=2, lr=0.01)
@@ -175,22 +196,10 @@ def test_training_steps_equal_those_of_full_passes(monkeypatch, ppo):
     passes do, to float rounding, and report the same metrics."""
     fast, fast_metrics = fit_params(ppo)
 
-    def plain_loss_inputs(policy, ids, active, temperature, entropy_grad):
-        logits, values = policy(ids)
-        logprobs, ent = logprobs_and_entropy(logits, ids, temperature, entropy_grad=entropy_grad)
-        return logprobs, values, ent
-
-    def plain_scoring(model, ids, lengths, temperature, *, values, logprobs, pi_squared):
-        logits, critic = model(ids)
-        out = {"logprobs": next_token_logprobs(logits, ids, temperature)}
-        if values:
-            out["values"] = critic
-        return out
-
-    monkeypatch.setattr(ppo_module, "loss_positions_pass", plain_loss_inputs)
-    monkeypatch.setattr("lightning_adv.trainer.rollout.scoring.selected_passes", plain_scoring)
-    monkeypatch.setattr("lightning_adv.trainer.rollout.scoring.shared_prompt_logprobs",
-                        lambda *args: None)
+    # the base class's plain passes instead of TinyPolicy's shortcuts (selected positions,
+    # shared prompts)
+    monkeypatch.setattr(TinyPolicy, "train_forward", Policy.train_forward)
+    monkeypatch.setattr(TinyPolicy, "token_scores", Policy.token_scores)
     plain, plain_metrics = fit_params(ppo)
     # Adam divides each gradient by its own running scale, so a gradient entry that is a
     # near-cancelling sum moves by up to ~1e-3 of the learning rate (0.01) with the
@@ -236,8 +245,9 @@ def test_build_batch_equals_concat_batch_of_the_prompt_groups(task):
     runtime = TaskRuntime(TaskConfig(name=task))
     width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
     policy = trained_looking_policy(vocab=len(runtime.vocab), width=width)
-    groups = generate(policy, runtime, [0, 5, 9, 2], 3, runtime.task.max_new_tokens, 1.0,
-                      generator(0, "t"))
+    groups = policy.generate(runtime, GenerationRequest([0, 5, 9, 2], 3,
+                                                        runtime.task.max_new_tokens),
+                             generator(0, "t"))
     score(groups, runtime)
     for ep in groups[1]:  # process rewards of different lengths
         ep.token_rewards = [0.5 * i for i in range(len(ep.tokens))]
@@ -272,8 +282,8 @@ def test_rollout_reads_the_last_tokens_values_only_when_they_are_used(bootstrap)
     groups = module.rollout([0, 1, 2, 3], generator(0, "r"))
     trainer_reads = len(reads)
     reads.clear()
-    full = generate(module.policy, module.runtime, [0, 1, 2, 3], 3, module.max_new_tokens, 1.0,
-                    generator(0, "r"), last_values=True)
+    full = module.policy.generate(module.runtime, module.rollouts.request(
+        [0, 1, 2, 3], 3, last_values=True), generator(0, "r"))
     score(full, module.runtime)
     assert trainer_reads == len(reads) - (0 if bootstrap else 1)
     values = module.make_batch(groups)[0]["values"]
@@ -329,10 +339,7 @@ def test_environment_replies_are_checked_and_encoded_once_per_text():
 
 
 def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
-    from lightning_adv.trainer.rollout.scoring import shared_prompt_logprobs
-
-    reference = trained_looking_policy()
-    reference.value_head = None
+    reference = trained_looking_policy().reference()
     g = torch.Generator().manual_seed(6)
     prompts = torch.randint(1, 11, (3, 14), generator=g)
     ids = prompts.repeat_interleave(4, dim=0)  # 3 prompts x 4 samples
@@ -349,8 +356,8 @@ def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
     assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
     assert not got[~next_real].any()
     # through scoring_passes, and not when a group's prompts differ
-    out = scoring_passes(trained_looking_policy(), reference, ids, lengths, 0.9, values=False,
-                         logprobs=False, pi_squared=False, prompts=(prompt_lengths, 4))
+    out = scoring_passes(trained_looking_policy(), reference, ids, lengths, ScoreRequest(
+        frozenset(), 0.9, PromptGroups(prompt_lengths, 4)))
     assert torch.equal(out["ref_logp"], got)
     ids[5, 0] = ids[5, 0] % 10 + 1
     assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9) is None

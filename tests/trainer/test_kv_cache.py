@@ -4,18 +4,19 @@ import pytest
 import torch
 
 from lightning_adv.trainer import PolicyConfig, TaskConfig
-from lightning_adv.trainer.policies.tiny_network import CausalTransformer, KVCache
+from lightning_adv.trainer.policies.base import GenerationRequest, SamplingParams
+from lightning_adv.trainer.policies.tiny import TinyPolicy
+from lightning_adv.trainer.policies.tiny_network import KVCache
 from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.rollout.batch import build_batch
-from lightning_adv.trainer.policies.tiny_sampling import generate
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.data import generator
 
 
 def trained_looking_policy(value_head=True, vocab=11, width=24):
     torch.manual_seed(0)
-    policy = CausalTransformer(PolicyConfig(d_model=32, n_layers=2, n_heads=4,
-                                            value_head=value_head), vocab, width)
+    policy = TinyPolicy(PolicyConfig(d_model=32, n_layers=2, n_heads=4,
+                                     value_head=value_head), vocab, width)
     with torch.no_grad():  # the LM and value heads start at zero; make them matter
         for p in policy.parameters():
             p.add_(0.3 * torch.randn(p.shape))
@@ -57,10 +58,13 @@ def test_cached_sampling_draws_the_same_episodes(task):
     runtime = TaskRuntime(TaskConfig(name=task))
     width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
     policy = trained_looking_policy(vocab=len(runtime.vocab), width=width)
-    kwargs = dict(indices=[0, 5, 9], n_samples=3, max_new_tokens=runtime.task.max_new_tokens,
-                  temperature=1.0)
-    plain = generate(policy, runtime, gen=generator(0, "t"), kv_cache=False, **kwargs)
-    cached = generate(policy, runtime, gen=generator(0, "t"), kv_cache=True, **kwargs)
+
+    def request(kv_cache):
+        return GenerationRequest([0, 5, 9], 3, runtime.task.max_new_tokens,
+                                 SamplingParams(temperature=1.0, kv_cache=kv_cache))
+
+    plain = policy.generate(runtime, request(False), generator(0, "t"))
+    cached = policy.generate(runtime, request(True), generator(0, "t"))
     eps_plain = [ep for g in plain for ep in g]
     eps_cached = [ep for g in cached for ep in g]
     assert any(not ep.truncated for ep in eps_plain)
@@ -84,8 +88,8 @@ def test_no_values_without_a_value_head():
     runtime = TaskRuntime(TaskConfig(name="reverse"))
     width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
     policy = trained_looking_policy(value_head=False, vocab=len(runtime.vocab), width=width)
-    groups = generate(policy, runtime, [0], 2, runtime.task.max_new_tokens, 1.0,
-                      generator(0, "t"), kv_cache=True)
+    groups = policy.generate(runtime, GenerationRequest([0], 2, runtime.task.max_new_tokens),
+                             generator(0, "t"))
     assert all(ep.values is None for ep in groups[0])
     batch, _ = build_batch(groups, multi_turn=False, process_rewards=False)
     assert "values" not in batch

@@ -12,8 +12,8 @@ import torch
 from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.logs.evaluation import EvalConfig
+from lightning_adv.trainer.policies.base import GenerationRequest
 from lightning_adv.trainer.rollout.batch import build_batch, score
-from lightning_adv.trainer.policies.tiny_sampling import generate
 from lightning_adv.trainer.tasks.runtime import Sample, TaskRuntime, Turn
 from lightning_adv.exceptions import TaskError
 from lightning_adv.trainer.tasks.text import (
@@ -103,7 +103,7 @@ def test_dataset_task_trains_the_built_in_policy(tmp_path):
     path = write_text_dataset(tmp_path / "r.jsonl", "reverse", n=8, seed=1)
     task = TaskConfig(dataset=str(path), reward=CHAR_MATCH)
     runtime = TaskRuntime(task)
-    groups = generate(_policy(runtime), runtime, [0, 3], 2, 5, 1.0, generator(0, "d"))
+    groups = _policy(runtime).generate(runtime, GenerationRequest([0, 3], 2, 5), generator(0, "d"))
     score(groups, runtime)
     batch, _ = build_batch(groups, multi_turn=False, process_rewards=False)
     expected = [char_match(ep.sample) for g in groups for ep in g]
@@ -117,11 +117,11 @@ def test_dataset_task_trains_the_built_in_policy(tmp_path):
 
 
 def _policy(runtime):
-    from lightning_adv.trainer.policies.tiny_network import CausalTransformer
+    from lightning_adv.trainer.policies.tiny import TinyPolicy
 
     torch.manual_seed(0)
     width = runtime.task.max_episode_len(runtime.task.max_new_tokens)
-    return CausalTransformer(PolicyConfig(d_model=16, n_heads=2), len(runtime.vocab), width)
+    return TinyPolicy(PolicyConfig(d_model=16, n_heads=2), len(runtime.vocab), width)
 
 
 def test_script_writes_the_shipped_dataset():

@@ -1,7 +1,9 @@
-"""The chunked large-vocabulary reductions (chosen-token log-prob, entropy, sum of pi^2,
-and their gradients) against the plain full-tensor formulas they replace, in float32 and
-bf16, over several chunks; no full-size float32 temporary; the small-vocabulary path of
-the built-in policy untouched."""
+"""The chunked large-vocabulary reductions of a Hugging Face policy
+(:func:`token_stats.next_token_stats`, :func:`token_stats.sum_pi_squared_rows`: the
+chosen-token log-prob, entropy, sum of pi^2, and their gradients) against the plain
+full-tensor formulas (:mod:`~lightning_adv.trainer.policies.logprobs`, the
+:class:`~lightning_adv.trainer.policies.base.Policy` base class's path), in float32 and
+bf16, over several chunks; no full-size float32 temporary."""
 
 from __future__ import annotations
 
@@ -12,16 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightning_adv.trainer import token_stats
-from lightning_adv.trainer.policies.logprobs import SMALL_VOCAB, entropy, logprobs_and_entropy, next_token_logprobs, scaled_log_softmax
-from lightning_adv.trainer.rollout.recipe_inputs import sum_pi_squared
+from lightning_adv.trainer.policies import logprobs as plain_path
+from lightning_adv.trainer.policies import token_stats
+from lightning_adv.trainer.policies.logprobs import scaled_log_softmax
+from lightning_adv.trainer.policies.token_stats import next_token_stats, sum_pi_squared_rows
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def plain(logits, ids, temperature):
-    """The formulas as the trainer computed them before: one log-softmax of the whole
-    float32 tensor (float64 here, the exact reference)."""
+    """The plain formulas: one log-softmax of the whole tensor (float64 here, the exact
+    reference)."""
     logp = torch.log_softmax(logits.double() / temperature, dim=-1)
     picked = F.pad(logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (0, 1))
     return picked, -(logp.exp() * logp).sum(-1), (logp.exp() ** 2).sum(-1)
@@ -43,7 +46,7 @@ def small_chunks(monkeypatch):
 
 @SETTINGS
 @given(seed=st.integers(0, 2**16), b=st.integers(1, 4), t=st.integers(2, 9),
-       v=st.sampled_from([SMALL_VOCAB + 1, 300, 1031]),
+       v=st.sampled_from([11, 300, 1031]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        temperature=st.sampled_from([1.0, 0.7, 1.5]), chunk=st.sampled_from([1, 5, 10**6]))
 def test_values_equal_the_full_tensor_formula(seed, b, t, v, dtype, temperature, chunk):
@@ -52,16 +55,23 @@ def test_values_equal_the_full_tensor_formula(seed, b, t, v, dtype, temperature,
     old = token_stats.CHUNK_ELEMENTS
     token_stats.CHUNK_ELEMENTS = v * chunk
     try:
-        got_lp, got_ent = logprobs_and_entropy(logits, ids, temperature)
-        lp_only, ent_only = next_token_logprobs(logits, ids, temperature), entropy(logits, temperature)
-        got_sq = sum_pi_squared(logits, temperature)
+        got_lp, got_ent = next_token_stats(logits, ids, temperature)
+        lp_only, no_ent = next_token_stats(logits, ids, temperature, with_entropy=False)
+        got_sq = sum_pi_squared_rows(logits, temperature)
     finally:
         token_stats.CHUNK_ELEMENTS = old
+    assert no_ent is None
     want_lp, want_ent, want_sq = plain(logits, ids, temperature)
+    # the plain path of the Policy base class, in float32
+    plain_lp, plain_ent = plain_path.logprobs_and_entropy(logits, ids, temperature)
+    plain_sq = plain_path.sum_pi_squared(logits, temperature)
     for got, want in ((got_lp, want_lp), (lp_only, want_lp), (got_ent, want_ent),
-                      (ent_only, want_ent), (got_sq, want_sq)):
+                      (got_sq, want_sq), (plain_lp, want_lp), (plain_ent, want_ent),
+                      (plain_sq, want_sq)):
         assert got.dtype == torch.float32 and got.shape == (b, t)
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=2e-5)
+    for got, want in ((got_lp, plain_lp), (got_ent, plain_ent), (got_sq, plain_sq)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=2e-5)
     assert (got_lp[:, -1] == 0).all()
     assert torch.equal(logits, before)  # never modified in place
 
@@ -72,7 +82,8 @@ def test_values_equal_the_full_tensor_formula(seed, b, t, v, dtype, temperature,
 def test_gradients_equal_autograd_of_the_full_tensor_formula(dtype, temperature, entropy_grad,
                                                              small_chunks):
     """The custom backward (softmax recomputed chunk by chunk) against autograd through
-    ``log_softmax(logits.float() / T)``: the same gradient, in the logits' dtype."""
+    the plain path's ``log_softmax(logits.float() / T)``: the same gradient, in the
+    logits' dtype."""
     small_chunks(300)
     logits, ids = random_case(1, 3, 8, 300, dtype)
     g = torch.Generator().manual_seed(2)
@@ -85,18 +96,15 @@ def test_gradients_equal_autograd_of_the_full_tensor_formula(dtype, temperature,
         return x.grad
 
     def reference(x):
-        logp = torch.log_softmax(x.float() / temperature, dim=-1)
-        lp = F.pad(logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (0, 1))
-        ent = -(logp.exp() * logp).sum(-1)
-        return lp, ent if entropy_grad else ent.detach()
+        return plain_path.logprobs_and_entropy(x, ids, temperature, entropy_grad=entropy_grad)
 
-    got = grad_of(lambda x: logprobs_and_entropy(x, ids, temperature, entropy_grad=entropy_grad))
+    got = grad_of(lambda x: next_token_stats(x, ids, temperature, entropy_grad=entropy_grad))
     want = grad_of(reference)
     assert got.dtype == dtype
     tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: one rounding of each gradient
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
     # the gradient of a position's log-prob sums to 0 over the vocabulary (softmax)
-    only_lp = grad_of(lambda x: (logprobs_and_entropy(x, ids, temperature)[0],
+    only_lp = grad_of(lambda x: (next_token_stats(x, ids, temperature)[0],
                                  torch.zeros(3, 8)))
     assert only_lp.float().sum(-1).abs().max() < (1e-5 if dtype == torch.float32 else 5e-2)
 
@@ -110,7 +118,7 @@ def test_gradient_by_hand_one_position():
     logits[0, 0, 1] = torch.tensor(3.0).log()
     logits.requires_grad_()
     ids = torch.tensor([[0, 1]])
-    lp, ent = logprobs_and_entropy(logits, ids)
+    lp, ent = next_token_stats(logits, ids)
     assert lp[0, 0].item() == pytest.approx(torch.tensor(0.75).log().item(), abs=1e-6)
     h = -(0.25 * torch.tensor(0.25).log() + 0.75 * torch.tensor(0.75).log()).item()
     assert ent[0, 0].item() == pytest.approx(h, abs=1e-6)
@@ -137,7 +145,7 @@ class LargestFloat32(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("fn", ["logprobs_and_entropy", "sum_pi_squared"])
+@pytest.mark.parametrize("fn", ["next_token_stats", "sum_pi_squared_rows"])
 def test_no_full_size_float32_temporary_of_bf16_logits(fn, small_chunks):
     """bf16 logits, forward and backward: every float32 tensor is at most one chunk; the
     old full-tensor formula (checked too, so the probe can fail) makes full-size ones."""
@@ -146,25 +154,13 @@ def test_no_full_size_float32_temporary_of_bf16_logits(fn, small_chunks):
     logits = random_case(0, b, t, v, torch.bfloat16)[0].requires_grad_()
     ids = torch.randint(v, (b, t))
     with LargestFloat32() as probe:
-        if fn == "sum_pi_squared":
-            sum_pi_squared(logits.detach(), 0.7)
+        if fn == "sum_pi_squared_rows":
+            sum_pi_squared_rows(logits.detach(), 0.7)
         else:
-            lp, ent = logprobs_and_entropy(logits, ids, 0.7)
+            lp, ent = next_token_stats(logits, ids, 0.7)
             (lp.sum() + ent.sum()).backward()
     assert probe.largest <= 5 * v
     with LargestFloat32() as old:
         scaled_log_softmax(logits, 0.7).sum().backward()
     assert old.largest == b * t * v
 
-
-def test_small_vocabulary_keeps_the_written_out_log_softmax():
-    """The built-in policy's vocabulary (<= SMALL_VOCAB) takes the unchanged fast path:
-    bitwise the written-out formula, with autograd's own backward."""
-    logits, ids = random_case(3, 2, 6, SMALL_VOCAB, torch.float32)
-    logits.requires_grad_()
-    logp = scaled_log_softmax(logits, 0.9)
-    want = F.pad(logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (0, 1))
-    got, ent = logprobs_and_entropy(logits, ids, 0.9)
-    assert torch.equal(got, want)
-    assert torch.equal(ent, -(logp.exp() * logp).sum(-1))
-    assert "TokenStats" not in type(got.grad_fn).__name__

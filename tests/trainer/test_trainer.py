@@ -11,9 +11,9 @@ import torch
 from lightning_adv import ActorConfig, NormConfig
 from lightning_adv.trainer import PPOConfig, PPOModule, PRMConfig, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import PromptDataset, PromptLoader, PromptSampler, generator
+from lightning_adv.trainer.policies.base import GenerationRequest
 from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.rollout.batch import build_batch, score
-from lightning_adv.trainer.policies.tiny_sampling import generate
 from lightning_adv.trainer.tasks.runtime import AdditionTask, GuessTask, ReverseTask, Sample, TaskRuntime, Turn, guess_consistency, position_match
 from lightning_adv.exceptions import TaskError
 
@@ -162,7 +162,7 @@ def test_rollout_is_a_function_of_the_generator(guess_rollout):
 
 def test_scorer_output_is_checked():
     module = make_module()
-    groups = generate(module.policy, module.runtime, [0], 2, 5, 1.0, generator(0))
+    groups = module.policy.generate(module.runtime, GenerationRequest([0], 2, 5), generator(0))
     from tests.support.trainer_helpers import wrong_length_scorer
     with pytest.raises(TaskError, match=r"prm.scorers\[0\] 'x': expected \d+ values"):
         score(groups, module.runtime, [("prm.scorers[0] 'x'", wrong_length_scorer, 1.0, {})])

@@ -15,7 +15,7 @@ from lightning_adv.cli import main
 from lightning_adv.trainer import TaskConfig
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.logs.evaluation import EvalConfig, EvalMetrics, held_out_loader, pass_at_k
-from lightning_adv.trainer.policies.tiny_sampling import generate
+from lightning_adv.trainer.policies.base import GenerationRequest, SamplingParams
 from lightning_adv.trainer.rollout.batch import score
 from lightning_adv.trainer.tasks.runtime import ReverseTask, Sample, TaskRuntime, Turn
 from tests.support.cli_runs import CONFIGS, SMALL, fit, scalars
@@ -63,8 +63,8 @@ def test_held_out_prompts_are_outside_the_training_pool():
 def test_greedy_decoding_ignores_the_generator():
     module = make_module()
     runtime = TaskRuntime(TaskConfig(name="reverse"))
-    runs = [generate(module.policy, runtime, [0, 1, 2], 1, 5, 1.0, generator(seed), greedy=True)
-            for seed in (0, 1)]
+    request = GenerationRequest([0, 1, 2], 1, 5, SamplingParams(greedy=True))
+    runs = [module.policy.generate(runtime, request, generator(seed)) for seed in (0, 1)]
     assert [[ep.tokens for ep in g] for g in runs[0]] == [[ep.tokens for ep in g] for g in runs[1]]
     # Each generated token is the most likely one after its prefix.
     ep = runs[0][0][0]

@@ -2,6 +2,7 @@
 (optimal token baseline), a greedy response's reward per prompt (ReMax,
 ``ppo.greedy_baseline``), and DAPO's dynamic sampling (``ppo.dynamic_sampling``)."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ from lightning_adv.recipes import recipe
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.rollout.dynamic_sampling import has_signal, sample_with_signal
 from lightning_adv.trainer.ppo import PPOModule
-from lightning_adv.trainer.rollout.recipe_inputs import greedy_rewards
+from lightning_adv.trainer.rollout.step import Rollout
 from tests.support.cli_runs import CONFIGS, SMALL, fit, scalars
 from tests.support.trainer_helpers import ddp_fit
 
@@ -34,7 +35,7 @@ REVERSE = {"name": "reverse", "kwargs": {"alphabet": "abcde", "min_len": 2, "max
 
 def test_sum_pi_squared_comes_from_the_behaviour_logits_when_the_estimator_reads_it():
     model = module(recipe("optimal_token_baseline"))
-    assert model.recipe_inputs == {"sum_pi_squared"}
+    assert model.rollouts.keys.recipe_inputs == {"sum_pi_squared"}
     groups = model.rollout([0, 1], generator(3, "test"))
     batch, meta = model.make_batch(groups)
     logits, _ = model.policy(batch["input_ids"])
@@ -76,7 +77,7 @@ def greedy_by_hand(model, index):
 
 def test_greedy_baseline_is_the_reward_of_the_argmax_response_and_stays_out_of_the_update():
     model = module(recipe("remax"), task=REVERSE, greedy_baseline=True)
-    assert "reward_baselines" in model.recipe_inputs
+    assert "reward_baselines" in model.rollouts.keys.recipe_inputs
     g = torch.Generator().manual_seed(0)
     vocab = model.runtime.vocab
     with torch.no_grad():  # a policy whose greedy answers are letters that vary by prompt
@@ -84,12 +85,13 @@ def test_greedy_baseline_is_the_reward_of_the_argmax_response_and_stays_out_of_t
             p.add_(torch.randn(p.shape, generator=g))
         model.policy.lm_head.bias[[vocab.eos_id, vocab.encode("=", "test")[0]]] = -1e9
     indices = [4, 9]
-    baselines = greedy_rewards(model.policy, model.runtime, indices, model.max_new_tokens, True)
+    baselines = model.rollouts.greedy_rewards(indices)
     assert baselines == [greedy_by_hand(model, i) for i in indices]
     # Partial credit: the greedy answers are not all worth the same.
-    assert len(set(greedy_rewards(model.policy, model.runtime, list(range(40)),
-                                  model.max_new_tokens, True))) > 1
-    assert greedy_rewards(model.policy, model.runtime, indices, model.max_new_tokens, False) == baselines
+    assert len(set(model.rollouts.greedy_rewards(list(range(40))))) > 1
+    uncached = Rollout(model.policy, None, model.runtime,
+                       dataclasses.replace(model.ppo_config, kv_cache=False))
+    assert uncached.greedy_rewards(indices) == baselines
     groups = model.rollout(indices, generator(3, "test"))
     batch, meta = model.make_batch(groups, baselines)
     assert batch["reward_baselines"].tolist() == pytest.approx([baselines[0]] * 4 + [baselines[1]] * 4)

@@ -59,9 +59,29 @@ def test_the_pre_flight_check_builds_no_network_and_gives_the_module_hparams(mon
     def no_network(*args, **kwargs):
         raise AssertionError("the pre-flight check built a policy")
 
-    monkeypatch.setattr(trainer_setup, "CausalTransformer", no_network)
+    monkeypatch.setattr(trainer_setup, "build_policy", no_network)
     monkeypatch.setattr(TrainerPlan, "build_policies", no_network)
     assert validate_model_config(SMALL) == dict(module.hparams)
     assert validate_model_config(SMALL, {"devices": 2}) == dict(module.hparams)
     with pytest.raises(ValueError, match=r"ppo.minibatches: .* 0 rows per rank .* 8 rank\(s\)"):
         validate_model_config(SMALL, {"devices": 4, "num_nodes": 2})  # 4 prompts over 8 ranks
+
+
+def test_a_cli_run_builds_its_plan_once(tmp_path, monkeypatch):
+    """The CLI's pre-flight plan is the one the module uses: the dataset scan, tokenizer
+    and stage resolution run once per run, and the module checks the same config."""
+    from tests.support.cli_runs import fit
+
+    builds = []
+    real = TrainerPlan.build.__func__
+
+    def counted(cls, values, world_size=1):
+        builds.append(world_size)
+        return real(cls, values, world_size)
+
+    monkeypatch.setattr(TrainerPlan, "build", classmethod(counted))
+    fit("grpo", tmp_path, "--trainer.limit_train_batches=1", "--trainer.max_epochs=1")
+    assert builds == [1]
+    # a module built outside the CLI builds its own plan
+    PPOModule(**SMALL)
+    assert builds == [1, 1]
