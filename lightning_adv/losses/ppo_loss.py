@@ -47,9 +47,10 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
   within a sequence (outcome advantages, GRPO), and both clip the sequence ratio.
 - verl counts the tokens a rejection filter removed out of its decoupled loss's
   normalizer (it edits ``response_mask`` first); here they count (see above).
-- Every KL estimator's value is clamped to ``[-10, 10]`` (:mod:`lightning_adv.ops.kl`,
-  the same rule as the reward-side KL penalty); verl clamps only ``low_var_kl`` (k3), so
-  its ``k1``, ``k2`` and ``abs`` terms differ where an estimate exceeds 10.
+- The KL term's ``k1``, ``k2`` and ``abs`` take the log-ratio clamped to ±20
+  (:mod:`lightning_adv.ops.kl`: their gradient survives up to there); ``k3``'s value is
+  clamped to ``[-10, 10]`` as verl's ``low_var_kl``; verl leaves the others unclamped, so
+  they differ only where ``|log r| > 20``.
 - The policy log-ratio (token or sequence) is clamped to ±20 before ``exp``, verl's
   bound for token ratios (its GSPO clamps the sequence log-ratio at 10). The built-in
   trainer's loss had no clamp; the two differ only where a ratio exceeds e^20.
