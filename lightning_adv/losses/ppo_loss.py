@@ -60,7 +60,9 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
   TRL's micro-batches each take their own mean, weighted by their share of rows, which
   differs when micro-batches hold different numbers of tokens.
 - Positions outside the loss mask never reach the arithmetic (``torch.where``, not a
-  product), so padding may hold anything, even ``-inf`` log-probs.
+  product), so padding may hold anything, even ``-inf`` log-probs. At the loss mask's
+  tokens every input the loss reads must be finite (log-probs also <= 0): a NaN or Inf
+  there is refused, naming the input and its first bad token, instead of a NaN loss.
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ class PPOLoss(nn.Module):
 
         logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs = (clean(x) for x in (
             logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs))
-        values, old_values, returns, entropy = (None if x is None else x.to(dtype) for x in (
+        values, old_values, returns, entropy = (clean(x) for x in (
             values, old_values, returns, entropy))
         counts = TokenCounts(mask, self.sync_across_ranks) if counts is None else counts.part(mask)
 
@@ -363,7 +365,8 @@ class PPOLoss(nn.Module):
                   "(decoupled mode: the IS weight is π_old/π_rollout)"),
                  ("rollout_logprobs", rollout_logprobs, self.rollout_kl_coef > 0,
                   "rollout_kl_coef > 0")]
-        check_forward_inputs(logprobs, named, loss_mask, needs)
+        check_forward_inputs(logprobs, named, loss_mask, needs,
+                             reads_ref=kl_coef > 0)
         if counts is not None and not isinstance(counts, TokenCounts):
             fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
                  type(counts).__name__)
