@@ -99,13 +99,24 @@ def run_child(args: Sequence[str], tree: Path, threads: int, what: str,
 
 def check_package_home(tree: Path) -> str:
     """Import ``lightning_adv`` and check it is the one under ``tree`` (not an installed
-    copy); returns its directory."""
+    copy); returns its directory as a published page shows it (:func:`shown_path`)."""
     import lightning_adv
 
     home = Path(lightning_adv.__file__).resolve().parent
     if not home.is_relative_to(tree.resolve()):
         raise RuntimeError(f"lightning_adv was imported from {home}, not from {tree}")
-    return str(home)
+    return shown_path(home)
+
+
+def shown_path(path: Path | str) -> str:
+    """``path`` as a page shows it: relative to the repository root (``lightning_adv/``),
+    never the measuring machine's absolute path, which a reader's checkout does not have."""
+    resolved = Path(path).resolve()
+    if resolved == ROOT:
+        return "this checkout"
+    if resolved.is_relative_to(ROOT):
+        return str(resolved.relative_to(ROOT)) + ("/" if resolved.is_dir() else "")
+    return resolved.name  # outside the checkout (a temporary directory): its name only
 
 
 def use_this_checkout() -> None:
@@ -186,8 +197,8 @@ def prepare_tree(rev: str, into: Path, build: bool) -> Path:
 
 def tree_note(name: str, tree: Path) -> str:
     compiled = compiled_modules(tree)
-    return (f"{name}: {tree if tree == ROOT else 'extracted with git archive'}; compiled "
-            f"extensions: {', '.join(compiled) if compiled else 'none'}")
+    where = "the working tree" if tree == ROOT else "extracted with git archive"
+    return f"{name}: {where}; compiled extensions: {', '.join(compiled) if compiled else 'none'}"
 
 
 # ---------------------------------------------------------------------------- tiny model
@@ -246,7 +257,12 @@ def versions_note() -> str:
 
 
 def command_line() -> str:
-    return shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    """The command as a user types it from the repository root: ``python`` for this
+    interpreter (whichever path it has here), paths inside the checkout relative to it."""
+    argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    shown = ["python"] + [shown_path(arg) if Path(arg).is_absolute() else arg
+                          for arg in argv[1:]]
+    return shlex.join(shown)
 
 
 def page_header(title: str, details: Sequence[str] = ()) -> str:

@@ -189,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     header = harness.page_header("Learning: the shipped configs as a user runs them", [
         "Threads: the CLI's default (torch_num_threads 1); OMP_WAIT_POLICY="
         f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}",
-        f"lightning_adv from {ROOT / 'lightning_adv'}"])
+        f"lightning_adv from {harness.shown_path(ROOT / 'lightning_adv')}"])
     print(header, flush=True)
     notes = [f"Load average (1/5/15 min) before: {before}."]
     with tempfile.TemporaryDirectory(prefix="learning_") as tmp:

@@ -80,3 +80,9 @@ class DroppedOutcomeRewardWarning(UserWarning):
 
 class MissingRefLogpWarning(UserWarning):
     """``kl_ctl > 0`` but the batch has no ``ref_logp``: the KL is taken against log-prob 0."""
+
+
+class PaddingDependentScaleWarning(UserWarning):
+    """A loss is divided by the response width (the padded columns of the batch), so its
+    scale changes with padding: verl's ``seq-mean-token-sum-norm`` default without a
+    ``loss_scale_factor``, followed through verl's registry."""

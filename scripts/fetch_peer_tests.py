@@ -1,5 +1,9 @@
-"""Unpack the peers' own test files the tests run (pip installs a wheel's package, never
-its tests/ folder) into the ignored folder ``.peers/``, each checked by sha256.
+"""Unpack the peers' own test files the tests run into the ignored folder ``.peers/``, each
+checked by sha256, from the pinned wheel itself. (pip does install verl 0.9.1's tests/
+folder, as a top-level package ``tests`` in site-packages, beside this project's own
+``tests`` package; the tests never import it, tests/conftest.py refuses a ``tests`` that is
+not this checkout's, and the file run here is the one of the wheel, whatever
+site-packages holds.)
 
     python scripts/fetch_peer_tests.py                    # pip download --no-deps verl==0.9.1
     python scripts/fetch_peer_tests.py --wheel verl-0.9.1-py3-none-any.whl   # a local wheel

@@ -2,10 +2,31 @@
 ``examples`` package import from the repository root, which pytest puts on ``sys.path``
 (``tests`` is a package)."""
 
+import importlib
 import os
 import sys
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+def check_tests_package(module) -> None:
+    """``module`` (the imported ``tests``) must be this checkout's: verl 0.9.1 installs its
+    own tests/ folder as a top-level package ``tests`` in site-packages (154 files in its
+    RECORD), so with the repository root missing from ``sys.path`` ``import tests.x``
+    would silently reach verl's files, or fail with a name that misleads."""
+    where = Path(getattr(module, "__file__", None) or "?").resolve().parent
+    if where != TESTS:
+        raise ImportError(f"the package 'tests' was imported from {where}, not from this "
+                          f"checkout's {TESTS}: an installed distribution's top-level 'tests' "
+                          f"(verl 0.9.1 installs one) shadows it; run python -m pytest from "
+                          f"the repository root, or put the root first on PYTHONPATH")
+
+
+# pytest imported this file as tests.conftest; "tests" must resolve to this folder
+check_tests_package(importlib.import_module("tests"))
 
 # Tests never touch the network: Hugging Face models and tokenizers are built locally.
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv.config import ActorConfig
-from lightning_adv.ops.kl import kl_estimate
+from lightning_adv.ops.kl import KL_BOUND, kl_estimate
 
 
 def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig) -> Tensor:
@@ -34,13 +34,15 @@ def apply_length_penalty(rewards: Tensor, loss_mask: Tensor, config: ActorConfig
 
 
 def kl_penalty(old: Tensor, ref: Optional[Tensor], kl_coef: float, estimator: str) -> Tensor:
-    """The KL penalty rewards ``-kl_coef * k(old, ref)`` (the estimators and their clamp
-    to ±10 of :mod:`lightning_adv.ops.kl`), as a new float32 tensor; ``ref=None`` is a
-    reference log-prob of 0 everywhere."""
+    """The KL penalty rewards ``-kl_coef * k(old, ref)`` (the estimators of
+    :mod:`lightning_adv.ops.kl`, each estimate clamped to ±10: AReaL's bound of the reward
+    penalty), as a new float32 tensor; ``ref=None`` is a reference log-prob of 0
+    everywhere."""
     if kl_coef == 0:
         return torch.zeros_like(old, dtype=torch.float32)
     ref = torch.zeros_like(old) if ref is None else ref
-    return kl_estimate(old.float(), ref.float(), estimator).mul_(-kl_coef)
+    estimate = kl_estimate(old.float(), ref.float(), estimator)
+    return estimate.clamp_(-KL_BOUND, KL_BOUND).mul_(-kl_coef)
 
 
 def apply_truncated_reward(rewards: Tensor, is_truncated: Tensor, config: ActorConfig) -> Tensor:

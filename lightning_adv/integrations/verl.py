@@ -46,7 +46,7 @@ from torch import Tensor
 
 from lightning_adv.advantage.module import AdvantageModule
 from lightning_adv.config import ActorConfig, NormConfig
-from lightning_adv.exceptions import IgnoredSettingWarning
+from lightning_adv.exceptions import IgnoredSettingWarning, PaddingDependentScaleWarning
 from lightning_adv.integrations.response_batch import response_advantages
 from lightning_adv.losses.aggregation import TokenCounts
 from lightning_adv.losses.policy_loss_registry import (
@@ -283,13 +283,17 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
-def ppo_loss_for(name: str, loss_agg_mode: str, config: Any) -> PPOLoss:
+def ppo_loss_for(name: str, loss_agg_mode: str, config: Any,
+                 response_width: Optional[int] = None) -> PPOLoss:
     """A :class:`~lightning_adv.PPOLoss` of the policy loss ``name`` with verl's actor
     settings: ``clip_ratio_low``/``clip_ratio_high`` (``clip_ratio`` where unset) ->
     ``clip_eps``/``clip_eps_high``; ``clip_ratio_c`` -> ``dual_clip`` (losses that read
     it; verl always dual-clips them); ``tau_pos``/``tau_neg`` and ``policy_loss``'s
     ``clip_cov_*``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta`` -> the loss's
-    settings; ``global_batch_info.loss_scale_factor`` -> ``loss_scale_factor``."""
+    settings; ``global_batch_info.loss_scale_factor`` -> ``loss_scale_factor``, or, where
+    verl gives none with ``seq-mean-token-sum-norm``, ``response_width`` (the columns of
+    the response mask: verl 0.9.1's ``agg_loss`` default), with a
+    :class:`~lightning_adv.exceptions.PaddingDependentScaleWarning`."""
     if config is None:
         raise ValueError(f"verl policy loss 'la_{name}': needs the actor config (verl passes "
                          f"config=actor config)")
@@ -307,6 +311,15 @@ def ppo_loss_for(name: str, loss_agg_mode: str, config: Any) -> PPOLoss:
     info = _get(config, "global_batch_info") or {}
     mode = loss_agg_mode if spec.loss_agg_mode is None else None
     factor = info.get("loss_scale_factor")
+    if mode == "seq-mean-token-sum-norm" and factor is None and response_width is not None:
+        # verl's default; PPOLoss itself asks for the constant, as this divisor changes
+        # with each batch's padding, so the loss scale moves from step to step
+        warnings.warn(f"verl policy loss 'la_{name}': loss_agg_mode seq-mean-token-sum-norm "
+                      f"without global_batch_info.loss_scale_factor divides by the response "
+                      f"width ({response_width} here), as verl does; it depends on padding: "
+                      f"set actor.loss_scale_factor to a constant (e.g. the maximum response "
+                      f"length)", PaddingDependentScaleWarning, stacklevel=3)
+        factor = float(response_width)
     return PPOLoss(clip_eps=low, clip_eps_high=high,
                    dual_clip=_get(config, "clip_ratio_c", 3.0) if spec.reads_dual_clip else None,
                    loss_agg_mode=mode, policy_loss=name, policy_loss_kwargs=kwargs,
@@ -330,7 +343,7 @@ def _policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     def loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
              loss_agg_mode: str = "token-mean", config: Any = None,
              rollout_is_weights: Optional[Tensor] = None) -> tuple[Tensor, dict[str, Any]]:
-        ppo = ppo_loss_for(name, loss_agg_mode, config)
+        ppo = ppo_loss_for(name, loss_agg_mode, config, response_width=response_mask.shape[-1])
         mask = response_mask.to(torch.promote_types(log_prob.dtype, torch.float32))
         counts = _verl_counts(mask, _get(config, "global_batch_info") or {})
         out = ppo(log_prob, old_log_prob, advantages, mask,

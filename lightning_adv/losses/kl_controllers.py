@@ -16,6 +16,7 @@ synced mean of :class:`~lightning_adv.AdvantageMetrics`, so the coefficients sta
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -88,9 +89,25 @@ class AdaptiveKLController(KLController):
         target: the KL per token (or per sequence, whichever you measure) to aim for.
         horizon: steps (samples, in TRL's and verl's usage) over which an error of 20% moves
             the coefficient by 20%.
+        init_kl_coef: deprecated name of ``kl_coef`` (this class's before 0.2, and verl's),
+            accepted with a DeprecationWarning.
     """
 
-    def __init__(self, kl_coef: float, target: float, horizon: float):
+    def __init__(self, kl_coef: Optional[float] = None, target: Optional[float] = None,
+                 horizon: Optional[float] = None, *, init_kl_coef: Optional[float] = None):
+        if init_kl_coef is not None:
+            if kl_coef is not None:
+                raise TypeError("AdaptiveKLController: got both kl_coef and its deprecated "
+                                "name init_kl_coef; give kl_coef only")
+            warnings.warn("AdaptiveKLController(init_kl_coef=...) is deprecated; use kl_coef=",
+                          DeprecationWarning, stacklevel=2)
+            kl_coef = init_kl_coef
+        # the defaults exist only so that init_kl_coef can stand in for kl_coef
+        missing = [n for n, v in (("kl_coef", kl_coef), ("target", target),
+                                  ("horizon", horizon)) if v is None]
+        if missing:
+            raise TypeError(f"AdaptiveKLController: missing required argument(s) "
+                            f"{', '.join(missing)}")
         super().__init__(kl_coef)
         check_number("target", target, positive=True)
         check_number("horizon", horizon, positive=True)

@@ -111,10 +111,11 @@ def check_tensor(name: str, tensor: Any, like: Tensor, *, floating: bool = True)
 
 
 def check_forward_inputs(logprobs: Tensor, named: Mapping[str, Optional[Tensor]],
-                         loss_mask: Tensor, needs: list[tuple[str, Optional[Tensor], bool, str]]
-                         ) -> None:
-    """Shapes, dtypes, devices, the 0/1 masks, log-probs <= 0 where read, weights >= 0,
-    and the inputs each option needs (``needs``: name, tensor, needed, reason)."""
+                         loss_mask: Tensor, needs: list[tuple[str, Optional[Tensor], bool, str]],
+                         *, reads_ref: bool = True) -> None:
+    """Shapes, dtypes, devices, the 0/1 masks, the inputs each option needs (``needs``:
+    name, tensor, needed, reason), and the values at the loss mask's tokens
+    (:func:`check_active_values`; ``ref_logprobs`` only where a KL term reads them)."""
     if not isinstance(logprobs, Tensor) or logprobs.ndim != 2 or not logprobs.is_floating_point():
         fail("PPOLoss logprobs", "a floating [B, T] tensor",
              getattr(logprobs, "shape", type(logprobs).__name__))
@@ -126,16 +127,45 @@ def check_forward_inputs(logprobs: Tensor, named: Mapping[str, Optional[Tensor]]
         if mask is not None and mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
             bad = mask[(mask != 0) & (mask != 1)].unique()[:5].tolist()
             fail(f"PPOLoss {name}", "only 0 and 1", f"values {bad}")
-    active = loss_mask > 0
-    for name in ("old_logprobs", "rollout_logprobs"):
-        tensor = named.get(name)
-        if tensor is not None and bool((active & ~(tensor.detach() <= LOGP_TOLERANCE)).any()):
-            fail(f"PPOLoss {name}", "log-probs (<= 0, not NaN) at the loss mask's tokens "
-                 "(probabilities or logits passed?)", "values above 0 or NaN")
-    weights = named.get("rollout_is_weights")
-    if weights is not None and bool((active & ~((weights >= 0) & torch.isfinite(weights))).any()):
-        fail("PPOLoss rollout_is_weights", "finite weights >= 0 at the loss mask's tokens",
-             "negative or non-finite values")
     for name, tensor, needed, reason in needs:
         if needed and tensor is None:
             raise ValueError(f"PPOLoss {name}: required with {reason}, got None")
+    values = {"logprobs": logprobs, **{k: v for k, v in named.items() if v is not None and k
+                                       not in ("loss_mask", "rollout_rs_mask")}}
+    if not reads_ref:
+        values.pop("ref_logprobs", None)
+    check_active_values(values, loss_mask > 0)
+
+
+#: What each input must hold at the loss mask's tokens (any other input: finite values).
+_LOGPROB = ("log-probs (<= 0, finite) at the loss mask's tokens (probabilities or logits "
+            "passed?)")
+_RULES = {"logprobs": _LOGPROB, "old_logprobs": _LOGPROB, "rollout_logprobs": _LOGPROB,
+          "rollout_is_weights": "finite weights >= 0 at the loss mask's tokens"}
+
+
+def _bad(name: str, tensor: Tensor, active: Tensor) -> Tensor:
+    x = tensor.detach()
+    ok = torch.isfinite(x)
+    if _RULES.get(name) is _LOGPROB:
+        ok &= x <= LOGP_TOLERANCE   # float rounding of a sampler's log-softmax may pass 0
+    elif name == "rollout_is_weights":
+        ok &= x >= 0
+    return active & ~ok
+
+
+def check_active_values(tensors: Mapping[str, Tensor], active: Tensor) -> None:
+    """Finite values (log-probs <= 0, weights >= 0) at the ``active`` tokens of every
+    tensor: one fused check per tensor and one host sync for all of them; the error names
+    the first bad input, what it must hold, and where and what its first bad value is.
+    Padding (inactive positions) may hold anything."""
+    if not tensors:
+        return
+    bad = {name: _bad(name, t, active) for name, t in tensors.items()}
+    flags = torch.stack([b.any() for b in bad.values()]).tolist()
+    for (name, where), flagged in zip(bad.items(), flags):
+        if flagged:
+            row, col = where.nonzero()[0].tolist()
+            value = tensors[name][row, col].item()
+            fail(f"PPOLoss {name}", _RULES.get(name, "finite values at the loss mask's tokens"),
+                 f"{int(where.sum())} bad tokens (first at ({row}, {col}): {value})")

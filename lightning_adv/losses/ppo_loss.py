@@ -47,9 +47,10 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
   within a sequence (outcome advantages, GRPO), and both clip the sequence ratio.
 - verl counts the tokens a rejection filter removed out of its decoupled loss's
   normalizer (it edits ``response_mask`` first); here they count (see above).
-- Every KL estimator's value is clamped to ``[-10, 10]`` (:mod:`lightning_adv.ops.kl`,
-  the same rule as the reward-side KL penalty); verl clamps only ``low_var_kl`` (k3), so
-  its ``k1``, ``k2`` and ``abs`` terms differ where an estimate exceeds 10.
+- The KL term's ``k1``, ``k2`` and ``abs`` take the log-ratio clamped to ±20
+  (:mod:`lightning_adv.ops.kl`: their gradient survives up to there); ``k3``'s value is
+  clamped to ``[-10, 10]`` as verl's ``low_var_kl``; verl leaves the others unclamped, so
+  they differ only where ``|log r| > 20``.
 - The policy log-ratio (token or sequence) is clamped to ±20 before ``exp``, verl's
   bound for token ratios (its GSPO clamps the sequence log-ratio at 10). The built-in
   trainer's loss had no clamp; the two differ only where a ratio exceeds e^20.
@@ -59,7 +60,9 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
   TRL's micro-batches each take their own mean, weighted by their share of rows, which
   differs when micro-batches hold different numbers of tokens.
 - Positions outside the loss mask never reach the arithmetic (``torch.where``, not a
-  product), so padding may hold anything, even ``-inf`` log-probs.
+  product), so padding may hold anything, even ``-inf`` log-probs. At the loss mask's
+  tokens every input the loss reads must be finite (log-probs also <= 0): a NaN or Inf
+  there is refused, naming the input and its first bad token, instead of a NaN loss.
 """
 
 from __future__ import annotations
@@ -234,7 +237,7 @@ class PPOLoss(nn.Module):
 
         logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs = (clean(x) for x in (
             logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs))
-        values, old_values, returns, entropy = (None if x is None else x.to(dtype) for x in (
+        values, old_values, returns, entropy = (clean(x) for x in (
             values, old_values, returns, entropy))
         counts = TokenCounts(mask, self.sync_across_ranks) if counts is None else counts.part(mask)
 
@@ -364,7 +367,8 @@ class PPOLoss(nn.Module):
                   "(decoupled mode: the IS weight is π_old/π_rollout)"),
                  ("rollout_logprobs", rollout_logprobs, self.rollout_kl_coef > 0,
                   "rollout_kl_coef > 0")]
-        check_forward_inputs(logprobs, named, loss_mask, needs)
+        check_forward_inputs(logprobs, named, loss_mask, needs,
+                             reads_ref=kl_coef > 0)
         if counts is not None and not isinstance(counts, TokenCounts):
             fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
                  type(counts).__name__)

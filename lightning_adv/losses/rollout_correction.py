@@ -241,6 +241,10 @@ def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask
     filters = parse_rejection(rollout_rs, rollout_rs_threshold)
     if not isinstance(loss_mask, Tensor) or loss_mask.ndim != 2:
         fail("loss_mask", "a [B, T] tensor", getattr(loss_mask, "shape", type(loss_mask).__name__))
+    if loss_mask.dtype != torch.bool and bool(((loss_mask != 0) & (loss_mask != 1)).any()):
+        # a fractional mask would weight tokens: rejection multiplies it, the metrics average it
+        bad = loss_mask[(loss_mask != 0) & (loss_mask != 1)].unique()[:5].tolist()
+        fail("loss_mask", "only 0 and 1 (or a bool tensor)", f"values {bad}")
     active = loss_mask > 0
     check_logprobs("old_logprobs", old_logprobs, loss_mask.shape, active)
     check_logprobs("rollout_logprobs", rollout_logprobs, loss_mask.shape, active)

@@ -90,6 +90,20 @@ def check_kernel_inputs(name: str, tensors: dict[str, Tensor], bootstrap: Tensor
     return shape
 
 
+def _check_finite(name: str, tensors: dict[str, Tensor]) -> None:
+    """Finite values at every position: the token scan reads masked positions too, so
+    one NaN would make a whole row NaN. Inside the ops (as the mask check): a host sync
+    there does not break a compiled graph. One fused check per tensor, one sync for all."""
+    flags = torch.stack([torch.isfinite(t).all() for t in tensors.values()]).tolist()
+    for (key, t), ok in zip(tensors.items(), flags):
+        if not ok:
+            bad = ~torch.isfinite(t)
+            first = tuple(bad.nonzero()[0].tolist())
+            raise ValueError(f"{name}: {key} must be finite at every position, got "
+                             f"{int(bad.sum())} NaN/Inf entries (first at {first}: "
+                             f"{t[first].item()})")
+
+
 def _check_scalars(name: str, discount: float, gae_lambda: Lambda) -> None:
     """``discount`` (and a float ``gae_lambda``) are numbers in [0, 1]."""
     for key, value in (("discount", discount), ("gae_lambda", gae_lambda)):
@@ -269,6 +283,8 @@ def token_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, bootstrap_valu
     bootstrap [B] of one floating dtype, a 0/1 ``loss_mask`` of any real dtype, λ as a [B]
     tensor; returns new ``(advantages, returns)`` in the floating dtype."""
     _check_mask_values("compute_token_gae", loss_mask)
+    _check_finite("compute_token_gae", {"rewards": rewards, "values": values,
+                                        "bootstrap_values": bootstrap_values})
     coef = _coefficients("compute_token_gae", discount, gae_lambda, coef_dtype)
     active = loss_mask.bool()
     if active.numel():
@@ -286,6 +302,8 @@ def turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_ids: Tenso
              coef_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The op behind :func:`compute_turn_gae` (``turn_ids`` int64 [B, T])."""
     _check_mask_values("compute_turn_gae", loss_mask)
+    _check_finite("compute_turn_gae", {"rewards": rewards, "values": values,
+                                       "bootstrap_values": bootstrap_values})
     active = loss_mask.bool()
     _check_turn_id_values(active, turn_ids)
     coef = _coefficients("compute_turn_gae", discount, gae_lambda, coef_dtype)

@@ -22,14 +22,16 @@ For the loss term only (:data:`LOSS_KL_ESTIMATORS`), verl's straight-through var
 ``use_bias_correction_kl`` (``ratio = π_θ/π_old``, the tokens having been sampled from
 π_old, not from π_θ).
 
-One clamping rule for every estimator and both uses: the estimate is clamped to
-``[-KL_BOUND, KL_BOUND]`` (AReaL's bound of the reward penalty, verl's of ``low_var_kl``),
-and ``k3`` exponentiates ``-d`` clamped to ±:data:`LOG_RATIO_BOUND` first. That inner
-clamp changes no result (at ``|d| = 20`` k3 already exceeds the bound) but keeps
-``exp`` finite, so an infinite ``d`` gives the bound instead of NaN. A clamped token
-contributes no gradient to a loss term, as in verl's ``low_var_kl``; verl leaves its
-``k1``, ``k2`` and ``abs`` loss terms unclamped, which differs only for tokens whose
-estimate exceeds 10 (a log-ratio beyond 10 nats, or 4.5 for ``k2``).
+Clamping keeps gradients where a loss needs them: ``k1``, ``abs`` and ``k2`` take the
+log-ratio ``d`` clamped to ±:data:`LOG_RATIO_BOUND` (20), so their gradient is non-zero
+for every ``|d| < 20`` (clamping the value instead would zero ``k2``'s gradient beyond
+``|d| = 4.47``); ``k3`` exponentiates ``-d`` clamped to ±20 (``exp`` stays finite, an
+infinite ``d`` gives a finite value, not NaN) and its value is clamped to
+``[-KL_BOUND, KL_BOUND]``, as verl's ``low_var_kl`` (beyond that its gradient is 0, as
+verl's). verl leaves ``d`` of ``k1``, ``k2`` and ``abs`` unclamped, which differs only
+where ``|d| > 20``. The reward-side penalty
+(:func:`lightning_adv.advantage.reward_terms.kl_penalty`) then clamps every estimate to
+±:data:`KL_BOUND` (AReaL's bound of the reward penalty; rewards carry no gradient).
 """
 
 from __future__ import annotations
@@ -44,16 +46,17 @@ KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 #: The loss term's estimators: the above and verl's straight-through ``k1+``, ``k3+``.
 LOSS_KL_ESTIMATORS: tuple[str, ...] = KL_ESTIMATORS + ("k1+", "k3+", "low_var_kl+")
-#: Every estimate is clamped to [-KL_BOUND, KL_BOUND].
+#: ``k3``'s value (verl's ``low_var_kl`` clamp) and every reward-side estimate are
+#: clamped to [-KL_BOUND, KL_BOUND].
 KL_BOUND = 10.0
-#: ``k3`` exponentiates a log-ratio clamped to this range, so ``exp`` stays finite.
+#: The log-ratio is clamped to this range (k3's before ``exp``, so that it stays finite).
 LOG_RATIO_BOUND = 20.0
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str,
                 log_importance_ratio: Optional[Tensor] = None) -> Tensor:
-    """Per-token estimate of KL(policy || reference), clamped to ±:data:`KL_BOUND`, as a
-    new tensor of the inputs' promoted dtype (differentiable in ``logprobs``); a ``+``
+    """Per-token estimate of KL(policy || reference) (clamped as the module docstring
+    says), as a new tensor of the inputs' promoted dtype (differentiable in ``logprobs``); a ``+``
     estimator has ``k2``'s gradient; ``log_importance_ratio`` (``log π_θ/π_old``) weights
     it by the importance ratio (see the module docstring)."""
     if estimator.endswith("+"):
@@ -71,17 +74,16 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str,
 
 
 def _estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
-    diff = logprobs - ref_logprobs
+    # the log-ratio, not the value, is clamped: the gradient survives up to |d| = 20
+    diff = (logprobs - ref_logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     if estimator == "k1":
-        estimate = diff
-    elif estimator == "abs":
-        estimate = diff.abs()
-    elif estimator == "k2":
-        estimate = 0.5 * diff.square()
-    elif estimator in ("k3", "low_var_kl"):
-        log_ratio = (-diff).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)   # log(ref / policy)
-        estimate = log_ratio.exp() - 1 - log_ratio
-    else:
-        raise ValueError(f"kl_estimator: expected one of {', '.join(LOSS_KL_ESTIMATORS)}, "
-                         f"got {estimator!r}")
-    return estimate.clamp(-KL_BOUND, KL_BOUND)
+        return diff
+    if estimator == "abs":
+        return diff.abs()
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    if estimator in ("k3", "low_var_kl"):
+        log_ratio = -diff   # log(ref / policy), within ±20: exp stays finite
+        return (log_ratio.exp() - 1 - log_ratio).clamp(-KL_BOUND, KL_BOUND)   # verl's clamp
+    raise ValueError(f"kl_estimator: expected one of {', '.join(LOSS_KL_ESTIMATORS)}, "
+                     f"got {estimator!r}")

@@ -20,8 +20,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.ops.gae import affine_suffix_scan
-
 
 @dataclass(frozen=True)
 class TurnSlots:
@@ -75,11 +73,3 @@ def turn_slots(loss_mask: Tensor, turn_ids: Optional[Tensor]) -> TurnSlots:
     next_rank = torch.nn.functional.pad(later[:, 1:], (0, 1), value=width)
     last = active & (next_rank != rank)
     return TurnSlots(rank, counts, last)
-
-
-def discounted_turn_returns(per_turn: Tensor, present: Tensor, discount: float) -> Tensor:
-    """``G_k = r_k + discount * G_{k+1}`` over each row's turns (``present`` slots; 0
-    elsewhere), float64."""
-    rewards = torch.where(present, per_turn.double(), 0.0)
-    decay = torch.full_like(rewards, float(discount))
-    return torch.where(present, affine_suffix_scan(decay, rewards), 0.0)

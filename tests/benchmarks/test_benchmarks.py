@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.peers import require_extra
+
 REPO = Path(__file__).resolve().parents[2]
 HEADER_FIELDS = ("- Date: ", " UTC\n", "- Machine: ", " cores, ", "- Versions: ", "torch ",
                  "lightning ", "- Command: ", "- Commit: ", "OMP_WAIT_POLICY=PASSIVE")
@@ -148,7 +150,7 @@ def test_vs_trl_rejects_bad_arguments_by_name():
 @pytest.mark.slow
 def test_vs_trl_trains_both_trainers_and_writes_the_table(tmp_path):
     """Two steps of each trainer (TRL's released GRPOTrainer) on the tiny model."""
-    pytest.importorskip("trl")
+    require_extra("trl")
     text = page_of("vs_trl", tmp_path / "vs_trl.md", "--steps", "2", "--seeds", "0",
                    "--prompts-per-step", "2", "--samples", "2", "--every-step-too")
     for name in ("lightning_adv fit", "TRL GRPOTrainer", "lightning_adv fit, logging every step"):

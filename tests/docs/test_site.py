@@ -4,7 +4,6 @@ pages show what the reader came for."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -13,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.peers import require_extra
+
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
-    reason="the docs extra is not installed: pip install -c constraints.txt -e '.[docs]'")
+# the docs extra: skips without it, fails where CI requires it (tests/support/peers.py)
+require_extra("mkdocs")
+require_extra("mkdocstrings")
 
 
 @pytest.fixture(scope="module")

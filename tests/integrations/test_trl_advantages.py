@@ -1,11 +1,11 @@
-"""grpo_advantages (what AdvantageGRPOTrainer puts in TRL's batch): logical rollouts by
+"""grpo_advantages (what AdvantageGRPOTrainer puts in TRL's batch; importable without TRL): logical rollouts by
 rollout_id, reward columns with TRL's weights, and the errors naming what is wrong."""
 
 import pytest
 import torch
 
 from lightning_adv import AdvantageModule, RolloutGroup
-from lightning_adv.integrations.trl import (
+from lightning_adv.integrations.trl_advantages import (
     grpo_advantages, map_trl_args, rollout_groups_of, trl_grpo_config)
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.float32)
@@ -58,7 +58,7 @@ def test_bad_shapes_are_named():
 
 def test_what_the_trainer_cannot_do_is_refused_when_it_is_built():
     from lightning_adv import PPOLoss
-    from lightning_adv.integrations.trl import check_trl_setup
+    from lightning_adv.integrations.trl_advantages import check_trl_setup
 
     class Args:
         beta = 0.0

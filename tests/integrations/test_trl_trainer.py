@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from lightning_adv import PPOLoss
-from lightning_adv.integrations.trl import AdvantageGRPOTrainer, trl_grpo_config
-from tests.support.peers import TRL_GRPO_TRAINER, peer_module
+from tests.support.peers import TRL_GRPO_TRAINER, peer_module, require_extra
+
+# the module subclasses TRL's trainer: without the trl extra it does not import (skip here)
+require_extra("trl")
+from lightning_adv.integrations.trl import AdvantageGRPOTrainer, trl_grpo_config  # noqa: E402
 
 pytestmark = pytest.mark.peers
 
@@ -113,3 +116,45 @@ def test_a_trl_setting_that_cannot_be_mapped_is_named(tiny, tmp_path):
                                          r".*grpo_batch_std"):
         AdvantageGRPOTrainer(model=tiny, reward_funcs=[length_reward], args=args,
                              train_dataset=Dataset.from_dict({"prompt": ["a"] * 4}))
+
+
+def test_it_is_a_grpo_trainer_subclass_whose_subclasses_override(tiny, tmp_path):
+    """A real subclass: issubclass/isinstance hold, and a user's override runs."""
+    from trl import GRPOTrainer
+
+    assert issubclass(AdvantageGRPOTrainer, GRPOTrainer)
+    calls = []
+
+    class Clipped(AdvantageGRPOTrainer):
+        def compute_advantages(self, output):
+            calls.append(output["completion_mask"].shape)
+            return super().compute_advantages(output).clamp(-0.5, 0.5)
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=6, max_steps=1,
+                      report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    trainer = Clipped(model=tiny, reward_funcs=[length_reward, a_reward], args=args,
+                      train_dataset=Dataset.from_dict({"prompt": ["hello", "abc"] * 4}))
+    assert isinstance(trainer, AdvantageGRPOTrainer) and isinstance(trainer, GRPOTrainer)
+    assert type(trainer).__mro__[1] is AdvantageGRPOTrainer
+    train(trainer)
+    assert calls  # the override ran on every generated batch
+
+
+def test_importing_it_without_trl_names_the_extra(tmp_path):
+    from tests.support.without_package import run_without
+
+    code = ("import lightning_adv\n"
+            "assert lightning_adv.PPOLoss.__name__ == 'PPOLoss'  # lazy exports still work\n"
+            "from lightning_adv.integrations.trl_advantages import grpo_advantages\n"
+            "try:\n"
+            "    import lightning_adv.integrations.trl\n"
+            "except ImportError as e:\n"
+            "    print('ERR', e.name, e)\n")
+    result = run_without(("trl",), code, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ERR trl lightning_adv.integrations.trl needs TRL" in result.stdout
+    assert "pip install 'lightning_adv[trl]'" in result.stdout

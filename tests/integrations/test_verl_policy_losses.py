@@ -82,3 +82,33 @@ def test_trls_vespo_runs_through_verls_registry_as_ppo_loss_does(verl):
     direct = PPOLoss(clip_eps=0.2, clip_eps_high=0.28, policy_loss="vespo",
                      sync_across_ranks=False)(lp, old, adv, mask, rollout_is_weights=weights)["loss"]
     torch.testing.assert_close(ours, direct)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "gpg"])
+def test_seq_mean_token_sum_norm_without_a_factor_divides_by_the_width_as_verl(verl, name):
+    """verl 0.9.1's default (loss_scale_factor None): its agg_loss divides by the mask's
+    width; la_ does the same through the registry, warning that it depends on padding."""
+    from lightning_adv.exceptions import PaddingDependentScaleWarning
+
+    core = verl[0]
+    lp, old, adv, mask, weights = batch(0)
+    config = verl_config(verl, name, "seq-mean-token-sum-norm", 1.5 if name == "vanilla"
+                         else None, SETTINGS[name][1])
+    config.global_batch_info["loss_scale_factor"] = None
+    theirs, theirs_grad, _ = value_and_grad(
+        lambda x: core.get_policy_loss_fn(name)(old, x, adv, mask, "seq-mean-token-sum-norm",
+                                                config, weights), lp)
+    with pytest.warns(PaddingDependentScaleWarning, match=rf"response width \({mask.shape[-1]}"):
+        ours, ours_grad, _ = value_and_grad(
+            lambda x: core.get_policy_loss_fn("la_" + name)(
+                old, x, adv, mask, "seq-mean-token-sum-norm", config, weights), lp)
+    torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(ours_grad, theirs_grad, rtol=1e-7, atol=1e-10)
+    # the width is the divisor: a wider padding of the same rows scales both losses alike
+    wide = [torch.nn.functional.pad(t, (0, 3)) for t in (lp, old, adv, mask, weights)]
+    with pytest.warns(PaddingDependentScaleWarning):
+        padded = core.get_policy_loss_fn("la_" + name)(wide[1], wide[0], wide[2], wide[3],
+                                                       "seq-mean-token-sum-norm", config,
+                                                       wide[4])[0]
+    width = mask.shape[-1]
+    torch.testing.assert_close(padded * (width + 3), ours * width, rtol=1e-6, atol=1e-9)

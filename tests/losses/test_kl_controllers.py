@@ -25,6 +25,19 @@ def test_adaptive_update_by_hand():
     assert ctl.update(0.0, n_steps=1000) == pytest.approx(0.1 * 1.00512 * 0.9995 * 0.98, rel=1e-14)
 
 
+def test_the_old_and_verls_keyword_init_kl_coef_still_works_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"init_kl_coef=.*deprecated; use kl_coef"):
+        old = AdaptiveKLController(init_kl_coef=0.2, target=6.0, horizon=10000)
+    new = AdaptiveKLController(kl_coef=0.2, target=6.0, horizon=10000)
+    assert old.value == new.value == 0.2
+    assert old.update(12.0, n_steps=256) == new.update(12.0, n_steps=256) == pytest.approx(
+        0.2 * 1.00512, rel=1e-15)
+    with pytest.raises(TypeError, match="both kl_coef and its deprecated name init_kl_coef"):
+        AdaptiveKLController(0.1, 6.0, 100, init_kl_coef=0.2)
+    with pytest.raises(TypeError, match=r"missing required argument\(s\) kl_coef, horizon"):
+        AdaptiveKLController(target=6.0)
+
+
 def test_adaptive_matches_a_loop_and_moves_towards_the_target():
     ctl = AdaptiveKLController(0.2, target=1.0, horizon=50)
     value, g = 0.2, torch.Generator().manual_seed(0)

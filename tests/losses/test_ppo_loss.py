@@ -144,8 +144,9 @@ def full_config(mode: str, **extra) -> dict:
 
 
 def test_token_mean_clip_by_hand():
+    # the ratios of log-probs both shifted by -3 (log-probs must be <= 0)
     lp = torch.tensor([[math.log(1.5), math.log(0.5), math.log(1.1)]], dtype=torch.float64)
-    out = PPOLoss(clip_eps=0.2)(lp, torch.zeros_like(lp), torch.tensor([[1.0, -1.0, 2.0]]).double(),
+    out = PPOLoss(clip_eps=0.2)(lp - 3, torch.zeros_like(lp) - 3, torch.tensor([[1.0, -1.0, 2.0]]).double(),
                                 torch.ones_like(lp))
     # -min(1.5, 1.2)*1 = -1.2; A=-1: max(0.5, 0.8) = 0.8; ratio 1.1 unclipped: -2.2
     assert out["loss"].item() == pytest.approx((-1.2 + 0.8 - 2.2) / 3, abs=1e-12)
@@ -160,10 +161,10 @@ def test_clip_higher_and_dual_clip_by_hand():
     lp = torch.tensor([[math.log(1.5), math.log(5.0), math.log(0.5)]], dtype=torch.float64)
     adv = torch.tensor([[1.0, -1.0, 1.0]], dtype=torch.float64)
     mask = torch.ones_like(lp)
-    out = PPOLoss(clip_eps=0.2, clip_eps_high=0.28)(lp, torch.zeros_like(lp), adv, mask)
+    out = PPOLoss(clip_eps=0.2, clip_eps_high=0.28)(lp - 3, torch.zeros_like(lp) - 3, adv, mask)
     # -min(1.5, 1.28) = -1.28; A=-1, r=5: max(5, 1.28) = 5; A=1, r=0.5: max(-0.5, -0.8) = -0.5
     assert out["loss"].item() == pytest.approx((-1.28 + 5.0 - 0.5) / 3, abs=1e-12)
-    dual = PPOLoss(clip_eps=0.2, clip_eps_high=0.28, dual_clip=3.0)(lp, torch.zeros_like(lp), adv, mask)
+    dual = PPOLoss(clip_eps=0.2, clip_eps_high=0.28, dual_clip=3.0)(lp - 3, torch.zeros_like(lp) - 3, adv, mask)
     # the negative-advantage token's loss 5 is bounded by -A * 3 = 3
     assert dual["loss"].item() == pytest.approx((-1.28 + 3.0 - 0.5) / 3, abs=1e-12)
     assert dual["dual_clipfrac"].item() == pytest.approx(1 / 3)
@@ -216,7 +217,7 @@ def test_sequence_ratio_by_hand():
     lp = torch.tensor([[math.log(2.0), 0.0, 5.0]], dtype=torch.float64)  # last token masked
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
     adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
-    out = PPOLoss(clip_eps=0.5, ratio_level="sequence")(lp, torch.zeros_like(lp), adv, mask)
+    out = PPOLoss(clip_eps=0.5, ratio_level="sequence")(lp - 3, torch.zeros_like(lp) - 3, adv, mask)
     assert out["loss"].item() == pytest.approx(-math.sqrt(2.0), abs=1e-12)  # exp(mean log r)
 
 

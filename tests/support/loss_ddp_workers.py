@@ -30,7 +30,8 @@ def global_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     advantages[2] = 0.0  # group 1 (row 2) has no learning signal
     return {
         "features": torch.randn(rows, WIDTH, FEATURES, generator=g, dtype=torch.float64),
-        "old_logprobs": -torch.rand(rows, WIDTH, generator=g, dtype=torch.float64),
+        # far below 0, so that old + the policy's shift stay log-probs (<= 0)
+        "old_logprobs": -torch.rand(rows, WIDTH, generator=g, dtype=torch.float64) - 4.0,
         "ref_logprobs": -torch.rand(rows, WIDTH, generator=g, dtype=torch.float64),
         "old_values": torch.randn(rows, WIDTH, generator=g, dtype=torch.float64),
         "returns": torch.randn(rows, WIDTH, generator=g, dtype=torch.float64),

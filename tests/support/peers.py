@@ -13,6 +13,13 @@ Tests that need a peer are marked ``@pytest.mark.peers``. When the peer is not i
 they skip, with the install command as the reason, unless the environment variable
 ``LIGHTNING_ADV_REQUIRE_PEERS=1`` is set (CI sets it), in which case they fail.
 
+The same holds for every optional extra a test needs beyond ``[test]`` (the README's
+test line installs only that one): :func:`require_extra` imports the extra's module or
+skips/fails the same way (``mkdocs = require_extra("mkdocs")``, at module level too), and
+:func:`extras_imported` lists the extras a piece of source imports (examples, code
+blocks of the docs). :func:`unavailable` is the one place that decides skip or fail; the
+browser test passes it its own variable (``LIGHTNING_ADV_REQUIRE_BROWSER``).
+
 Peers that cannot be installed here (code at a pinned commit of a repository, or a
 wheel that does not import on this Python) are not imported at all: a script of ours
 runs their function once and records inputs and outputs as a data fixture under
@@ -26,9 +33,10 @@ import hashlib
 import importlib
 import json
 import os
+import re
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import pytest
 
@@ -56,8 +64,62 @@ TRL_GRPO_TRAINER = ("trl.trainer.grpo_trainer",
                     "1c3dc2253fb3653269c11dfce4f946f74201a4cb63e0887a37e8e3bb4a3f5503")
 
 
+#: The optional extras (pyproject's [project.optional-dependencies]) by top-level module.
+EXTRAS = {"verl": "verl", "trl": "trl", "mkdocs": "docs", "mkdocstrings": "docs",
+          "matplotlib": "plot", "peft": "lora"}
+#: This project's modules that need an extra's module when used.
+_NEEDS = {"lightning_adv.integrations.verl": "verl", "lightning_adv.integrations.trl": "trl"}
+_IMPORT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.M)
+
+
 def peers_required() -> bool:
     return os.environ.get(REQUIRE_ENV) == "1"
+
+
+def unavailable(reason: str, env: str = REQUIRE_ENV) -> NoReturn:
+    """Skip the calling test (or module, when called at import) for ``reason``; fail
+    instead when ``env`` is 1, as CI sets it: there a skip would hide an untested part."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{reason} ({env}=1: what is missing fails instead of skipping)",
+                    pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def install_command(top: str) -> str:
+    """How to install the extra that provides the top-level module ``top``."""
+    if top in INSTALL:
+        return INSTALL[top]
+    return f"pip install -c constraints.txt -e '.[{EXTRAS.get(top, top)}]'"
+
+
+def require_extra(name: str) -> ModuleType:
+    """Import ``name`` (a module of an optional extra) or skip/fail (:func:`unavailable`)
+    with the install command as the reason."""
+    top = name.split(".")[0]
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        unavailable(f"{name} is not importable ({exc}): the optional extra "
+                    f"[{EXTRAS.get(top, top)}] is not installed; install it with: "
+                    f"{install_command(top)}")
+
+
+def extras_imported(source: str) -> list[str]:
+    """The top-level modules of optional extras that ``source`` imports, directly or
+    through this project's integration modules, in order of first import."""
+    found: list[str] = []
+    for name in _IMPORT.findall(source):
+        top = next((v for k, v in _NEEDS.items() if name == k or name.startswith(k + ".")),
+                   name.split(".")[0])
+        if top in EXTRAS and top not in found:
+            found.append(top)
+    return found
+
+
+def require_extras_of(source: str) -> None:
+    """:func:`require_extra` for every extra ``source`` imports."""
+    for top in extras_imported(source):
+        require_extra(top)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -74,14 +136,11 @@ def peer_module(name: str, sha256: str, install: Optional[str] = None) -> Module
     importable; fails when the file's sha256 differs from ``sha256``. ``install``: the
     install command given as the reason (default: the peer's in :data:`INSTALL`)."""
     top = name.split(".")[0]
-    how = install or INSTALL.get(top, f"pip install {top}")
+    how = install or install_command(top)
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
-        reason = f"peer {top!r} is not importable ({name}: {exc}); install it with: {how}"
-        if peers_required():
-            pytest.fail(f"{reason} ({REQUIRE_ENV}=1: peers are required)", pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"peer {top!r} is not importable ({name}: {exc}); install it with: {how}")
     path = getattr(module, "__file__", None)
     if path is None:
         pytest.fail(f"peer module {name} has no source file to check", pytrace=False)

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightning_adv.cli import main
 from lightning_adv.testing.browser import find_browser, render_page
 from tests.support.cli_runs import fit
+from tests.support.peers import unavailable
 
 HEATMAP_TAGS = ["train/advantage_heatmap", "train/advantage_heatmap_raw",
                 "val/advantage_heatmap", "val/advantage_heatmap_raw"]
@@ -99,10 +100,8 @@ def need_browser() -> None:
     missing browser is a failure: there a skip would hide an untested page."""
     if find_browser() is not None:
         return
-    reason = "no Chromium-family browser on PATH (CI installs chromium in .ci/run)"
-    if os.environ.get("LIGHTNING_ADV_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason} (LIGHTNING_ADV_REQUIRE_BROWSER=1)")
-    pytest.skip(reason)
+    unavailable("no Chromium-family browser on PATH (CI installs chromium in .ci/run)",
+                env="LIGHTNING_ADV_REQUIRE_BROWSER")
 
 
 def test_the_report_renders_in_headless_chromium(report):
