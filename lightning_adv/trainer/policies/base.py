@@ -145,8 +145,10 @@ class Policy(nn.Module):
     def check_device(self, device: torch.device) -> None:
         """Refuse a device the policy's settings cannot run on (before training)."""
 
-    def shard(self, mesh: Any, reference: Any) -> None:
-        """Shard this policy and its ``reference`` over the data-parallel ``mesh`` (FSDP2)."""
+    def shard(self, strategy: Any, reference: Any) -> None:
+        """Shard this policy and its ``reference`` over ``strategy``'s data-parallel mesh
+        (FSDP2, Lightning's ``ModelParallelStrategy``); a policy that cannot be sharded
+        refuses before asking the strategy for its mesh."""
         raise ValueError(f"trainer.strategy: FSDP2 shards Hugging Face policies "
                          f"(model.policy.pretrained), not a {type(self).__name__}; use "
                          f"--trainer.strategy=ddp")

@@ -176,7 +176,7 @@ def configure_sharding(strategy: Any, policy: Any, reference: Any) -> None:
                          "--trainer.strategy=fsdp2 (FSDP2, fully_shard per decoder layer)")
     if not isinstance(strategy, ModelParallelStrategy):
         return
-    policy.shard(data_parallel_mesh(strategy), reference)
+    policy.shard(strategy, reference)
 
 
 class ShardingHooks:

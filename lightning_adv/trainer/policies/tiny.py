@@ -33,7 +33,7 @@ from lightning_adv.trainer.policies.tiny_sampling import generate
 class TinyPolicy(CausalTransformer, Policy):
     """The built-in tiny causal transformer, sampled, scored and trained by the trainer."""
 
-    def shard(self, mesh: Any, reference: Any) -> None:
+    def shard(self, strategy: Any, reference: Any) -> None:
         raise ValueError("trainer.strategy: FSDP2 shards Hugging Face policies "
                          "(model.policy.pretrained); the built-in policy is a few hundred "
                          "thousand weights: use --trainer.strategy=ddp")

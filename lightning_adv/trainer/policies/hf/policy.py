@@ -138,10 +138,10 @@ class HFPolicy(Policy):
     def check_device(self, device: torch.device) -> None:
         check_device_dtype(self.dtype_name, device)
 
-    def shard(self, mesh: Any, reference: Any) -> None:
-        from lightning_adv.trainer.policies.sharding import shard_policies
+    def shard(self, strategy: Any, reference: Any) -> None:
+        from lightning_adv.trainer.policies.sharding import data_parallel_mesh, shard_policies
 
-        shard_policies(self, reference, mesh)
+        shard_policies(self, reference, data_parallel_mesh(strategy))
 
     def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                cache: Any = None) -> tuple[Tensor, Any]:

@@ -146,17 +146,3 @@ def base_model_pass(model: nn.Module, input_ids: Tensor, shared: Optional[Shared
         return [out.last_hidden_state], out.cache
 
     return shared_prompt_pass(step, input_ids, shared)[0]
-
-
-def forward_rows(model: Any, input_ids: Tensor, shared: Optional[SharedPrompts]) -> Any:
-    """``model(input_ids)``, reading each shared prompt once when ``shared`` is given and
-    the model can (:func:`reads_shared_prompts`)."""
-    if shared is not None and reads_shared_prompts(model):
-        return model(input_ids, shared=shared)
-    return model(input_ids)
-
-
-def reads_shared_prompts(model: Any) -> bool:
-    """``model(input_ids, shared=...)`` reads each shared prompt once (a Hugging Face
-    policy and its reference)."""
-    return bool(getattr(model, "reads_shared_prompts", False))
