@@ -14,6 +14,7 @@ first and last ``--window`` steps, the steps and the training wall time::
     python benchmarks/learning.py --configs hf_grpo hf_ppo \\
         --page docs/benchmarks/learning-hf.md --plot docs/images/hf_reward_curves.png
     python benchmarks/learning.py --configs ppo --install --page docs/benchmarks/first-command.md
+    python benchmarks/learning.py --configs ppo grpo --tiny-hf --page docs/benchmarks/policy-choice.md
 
 ``--seeds 1 2 3`` runs each config once per seed (``--seed_everything=S``) and gives each
 reward as the median and the min-max over the seeds (and the last ``val/reward_greedy``
@@ -120,7 +121,7 @@ def seed_table(results: dict[str, list[tuple[Any, Optional[float]]]], window: in
     rows = []
     for name, runs in results.items():
         val = [v for _, v in runs if v is not None]
-        rows.append([f"{name}.yaml", spread([r.start(window) for r, _ in runs]),
+        rows.append([name, spread([r.start(window) for r, _ in runs]),
                      spread([r.end(window) for r, _ in runs]), spread(val) if val else "-",
                      str(len(runs[0][0].steps))])
     return harness.table(["config", f"start (mean of first {window})",
@@ -133,7 +134,7 @@ def median_curve(curves: Any, name: str, runs: Sequence[Any]) -> Any:
     steps = sorted(set.intersection(*(set(r.steps) for r in runs)))
     by_step = [dict(zip(r.steps, r.rewards)) for r in runs]
     rewards = [statistics.median(values[s] for values in by_step) for s in steps]
-    return curves.Run(f"{name}.yaml (median of {len(runs)} seeds)", steps, rewards,
+    return curves.Run(f"{name} (median of {len(runs)} seeds)", steps, rewards,
                       [0.0] * len(steps))
 
 
@@ -147,15 +148,21 @@ def train_configs(args: argparse.Namespace, runs_dir: Path, model: Optional[Path
     commands' times, and per config its ``(curve, last val/reward_greedy)`` per seed."""
     runs, commands = [], []
     by_seed: dict[str, list[tuple[Any, Optional[float]]]] = {}
-    for name in args.configs:
+    variants = [(name, model if name.startswith("hf_") else None, f"{name}.yaml")
+                for name in args.configs]
+    if args.tiny_hf:  # the same config with the make-tiny model as its policy, beside it
+        variants += [(name, model, f"{name}.yaml, tiny HF policy")
+                     for name in args.configs if not name.startswith("hf_")]
+    for i, (name, policy, label) in enumerate(variants):
         for seed in args.seeds or [None]:
-            where = runs_dir / ("config_seed" if seed is None else f"seed{seed}")
-            seconds, log_dir = run_config(name, where, args.override,
-                                          model if name.startswith("hf_") else None, seed)
+            where = runs_dir / f"{i}" / ("config_seed" if seed is None else f"seed{seed}")
+            seconds, log_dir = run_config(name, where, args.override, policy, seed)
             at = "" if seed is None else f" --seed_everything={seed}"
-            commands.append(f"`fit --config configs/{name}.yaml{at}`: {seconds:.0f} s")
-            runs.append(curves.load(log_dir, f"{name}.yaml"))
-            by_seed.setdefault(name, []).append((runs[-1], last_scalar(log_dir, "val/reward_greedy")))
+            pretrained = "" if policy is None or name.startswith("hf_") else \
+                " --model.policy.pretrained=<tiny model>"
+            commands.append(f"`fit --config configs/{name}.yaml{at}{pretrained}`: {seconds:.0f} s")
+            runs.append(curves.load(log_dir, label))
+            by_seed.setdefault(label, []).append((runs[-1], last_scalar(log_dir, "val/reward_greedy")))
     return runs, commands, by_seed
 
 
@@ -171,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", nargs="+", type=int,
                         help="run each config at each of these seeds; rewards as median "
                              "[min-max] over them (default: once, at the config's seed)")
+    parser.add_argument("--tiny-hf", action="store_true",
+                        help="also train each built-in-policy config with the make-tiny Hugging "
+                             "Face model as its policy (the built-in policy's measured "
+                             "alternative: docs/benchmarks/policy-choice.md)")
     parser.add_argument("--plot", type=Path, help="PNG of the reward curves")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     return parser
@@ -200,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                          f"{warm:.0f} s with pip's cache warm, {cold:.0f} s with "
                          f"`--no-cache-dir`.")
         model = None
-        if any(n.startswith("hf_") for n in args.configs):
+        if args.tiny_hf or any(n.startswith("hf_") for n in args.configs):
             model = harness.make_tiny_model(ROOT, tmp_path / "tiny_lm")
         runs, commands, by_seed = train_configs(args, tmp_path / "runs", model, curves)
         if args.seeds:
@@ -208,7 +219,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.plot:
             curves.draw(runs, args.plot, args.window)
     if model is not None:
-        notes.append("The hf_* configs train the tiny random Qwen2 of "
+        notes.append("The hf_* configs (and the rows marked tiny HF policy) train the tiny "
+                     "random Qwen2 of "
                      "`python -m lightning_adv make-tiny` (about 290 tokens).")
     if args.override:
         notes.append("Overrides: `" + " ".join(args.override) + "`.")

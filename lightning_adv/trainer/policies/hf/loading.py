@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from lightning_adv.trainer.policies.hf.gguf import ModelSource, model_source
 from lightning_adv.trainer.policies.hf.tokenizer import HFTokenizer
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 
@@ -84,10 +85,12 @@ def expected_directory(key: str) -> str:
             f"models/tiny_lm, then --model.{key}=models/tiny_lm")
 
 
-def check_model_location(path: str, key: str) -> bool:
+def check_model_location(path: str, key: str, gguf_file: Optional[str] = None) -> bool:
     """Check a local model directory's files; True for a local directory, False for a
     hub id (left to ``from_pretrained``). Errors name ``key``, the path and what a model
-    directory holds."""
+    directory holds. A GGUF file (checked by :func:`~.gguf.model_source`) holds it all."""
+    if gguf_file is not None:
+        return True
     looks_local = os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path)
     if not os.path.isdir(os.path.expanduser(path)):
         if looks_local or path.count("/") > 1:
@@ -105,16 +108,19 @@ def check_model_location(path: str, key: str) -> bool:
     return True
 
 
-def load_config(path: str, key: str, trust_remote_code: bool) -> Any:
-    """The model's ``AutoConfig``, checked to be a causal LM's."""
+def load_config(path: str, key: str, trust_remote_code: bool,
+                gguf_file: Optional[str] = None) -> Any:
+    """The model's ``AutoConfig`` (of the directory, hub id or ``gguf_file`` in ``path``),
+    checked to be a causal LM's."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    local = check_model_location(path, key)
+    local = check_model_location(path, key, gguf_file)
     if not local:
         check_hub_reachable(path, key)
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                            **ModelSource(path, gguf_file).kwargs())
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError variously
         what = (f"cannot load the model config of {path!r}" if local else
                 f"{path!r} is not a local directory, and the hub has no model of that name "
@@ -188,17 +194,20 @@ def check_lora_targets(config: Any, lora: LoRAConfig, trust_remote_code: bool) -
                      f"{', '.join(linear)} (or use all-linear, or null for peft's default)")
 
 
-def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
+def load_tokenizer(path: str, key: str, trust_remote_code: bool,
+                   gguf_file: Optional[str] = None) -> Any:
     from transformers import AutoTokenizer
 
     directory = Path(path).expanduser()
-    if directory.is_dir() and not any((directory / n).is_file() for n in TOKENIZER_FILES):
+    if gguf_file is None and directory.is_dir() and not any(
+            (directory / n).is_file() for n in TOKENIZER_FILES):
         raise ValueError(f"{key}: {path!r} has no tokenizer (expected tokenizer.json or "
                          f"tokenizer_config.json beside the model); {expected_directory(key)}")
     try:
         # Left padding is what batched generation needs; the trainer pads its own batches.
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                             padding_side="left")
+                                             padding_side="left",
+                                             **ModelSource(path, gguf_file).kwargs())
     except Exception as exc:
         raise ValueError(f"{key}: cannot load the tokenizer of {path!r}: "
                          f"{type(exc).__name__}: {str(exc)[:300].rstrip('. ')}; "
@@ -242,9 +251,12 @@ def check_hf_policy(policy: PolicyConfig, chat_template: Any = "auto") -> HFSetu
     LoRA availability, the critic's directory. Errors name ``policy.<field>``."""
     _hub_env()
     assert policy.pretrained is not None
-    config = load_config(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
-    raw = load_tokenizer(policy.pretrained, "policy.pretrained", policy.trust_remote_code)
-    eos = _generation_eos(policy.pretrained)
+    source = model_source(policy.pretrained, policy.gguf_file)
+    config = load_config(source.path, "policy.pretrained", policy.trust_remote_code,
+                         source.gguf_file)
+    raw = load_tokenizer(source.path, "policy.pretrained", policy.trust_remote_code,
+                         source.gguf_file)
+    eos = _generation_eos(source)
     tokenizer = HFTokenizer(raw, chat_template, eos_ids=eos)
     if policy.lora is not None:
         check_lora_available()
@@ -259,11 +271,13 @@ def check_hf_policy(policy: PolicyConfig, chat_template: Any = "auto") -> HFSetu
     return HFSetup(config, tokenizer, context_window(config))
 
 
-def _generation_eos(path: str) -> list[int]:
+def _generation_eos(source: ModelSource) -> list[int]:
     from transformers import GenerationConfig
 
+    if source.gguf_file is not None:  # (a GGUF file's EOS is its tokenizer's)
+        return []
     try:
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        eos = GenerationConfig.from_pretrained(source.path).eos_token_id
     except Exception:  # no generation_config.json: the tokenizer's EOS alone
         return []
     if eos is None:

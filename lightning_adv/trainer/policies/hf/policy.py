@@ -35,6 +35,7 @@ from lightning_adv.trainer.policies.hf.loading import (  # noqa: F401 -- checks 
 from lightning_adv.trainer.policies.base import (
     GenerationRequest, Policy, PromptGroups, ScoreRequest)
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
+from lightning_adv.trainer.policies.hf.gguf import model_source, without_gguf_quantizer
 from lightning_adv.trainer.policies.hf.prompt_sharing import (
     SharedPrompts, base_model_pass, causal_lm_pass)
 from lightning_adv.trainer.policies.token_stats import next_token_stats, sum_pi_squared_rows
@@ -283,7 +284,9 @@ def build_hf_policy(policy: PolicyConfig, *, seed: int, tokenizer: Any = None) -
     _hub_env()
     assert policy.pretrained is not None
     kwargs = _load_kwargs(policy)
-    model = AutoModelForCausalLM.from_pretrained(local_or_hub(policy.pretrained), **kwargs)
+    source = model_source(policy.pretrained, policy.gguf_file)
+    model = without_gguf_quantizer(AutoModelForCausalLM.from_pretrained(
+        local_or_hub(source.path), **kwargs, **source.kwargs()))
     critic = None
     if policy.critic_pretrained is not None:
         critic = AutoModel.from_pretrained(local_or_hub(policy.critic_pretrained), **kwargs)

@@ -7,7 +7,9 @@
 - **Prompts.** With a chat template (``task.chat_template: auto`` and the tokenizer has
   one, or ``true``) a prompt string becomes one user message (a list of messages is used
   as is) rendered with ``add_generation_prompt=True`` and tokenized without adding
-  special tokens (the template places BOS where the model expects it), as TRL does.
+  special tokens (the template places BOS where the model expects it), as TRL does. A
+  list ending with an assistant message is a response prefix the model continues
+  (``continue_final_message``).
   Without one the prompt text is tokenized with the tokenizer's special tokens (BOS for
   Llama-family tokenizers).
 - **Environment replies** of multi-turn tasks become a chat message (role ``user`` by
@@ -67,8 +69,13 @@ class HFTokenizer:
         return len(self.tokenizer)
 
     def _render(self, messages: Sequence[Mapping[str, str]], generation_prompt: bool) -> str:
+        # A prompt ending with an assistant message is the start of the answer (a response
+        # prefix, "17 + 25 ="): the model continues that message, as TRL's
+        # continue_final_message does, instead of opening a new one.
+        prefix = generation_prompt and bool(messages) and messages[-1].get("role") == "assistant"
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+                                                  add_generation_prompt=generation_prompt and not prefix,
+                                                  continue_final_message=prefix)
 
     def _ids(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
