@@ -335,7 +335,8 @@ def _token_gae_fake(rewards, values, loss_mask, bootstrap_values, discount, gae_
 
 
 @turn_gae.register_fake
-def _turn_gae_fake(rewards, values, loss_mask, turn_ids, bootstrap_values, discount, gae_lambda, coef_dtype):
+def _turn_gae_fake(rewards, values, loss_mask, turn_ids, bootstrap_values, discount, gae_lambda,
+                   coef_dtype):
     return torch.empty_like(rewards), torch.empty_like(rewards)
 
 
