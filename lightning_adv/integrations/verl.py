@@ -224,7 +224,8 @@ def _estimator(name: str, base: ActorConfig) -> Callable[..., tuple[Tensor, Tens
     turns = "runs" if estimator is not None and estimator.timestep_unit == "turn" else None
     otb = _otb(estimator)
 
-    def estimate(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None,
+    # keyword-only past index: verl calls with keywords, and the order after is not verl's
+    def estimate(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None, *,
                  config: Any = None, values: Optional[Tensor] = None, gamma: Any = None,
                  lam: Any = None, epsilon: Optional[float] = None,
                  norm_adv_by_std_in_grpo: Optional[bool] = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 import torch
@@ -22,6 +23,41 @@ from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
 RATIO_LEVELS = ("token", "sequence")
 
 
+@dataclass(frozen=True)
+class ForwardInputs:
+    """The tensors of one :meth:`PPOLoss.forward` call, ``[B, T]`` and aligned (None where
+    not given): one object from the checks through every loss term, in place of a dozen
+    arguments handed from helper to helper."""
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    loss_mask: Tensor
+    rollout_logprobs: Optional[Tensor] = None
+    rollout_is_weights: Optional[Tensor] = None
+    rollout_rs_mask: Optional[Tensor] = None
+    ref_logprobs: Optional[Tensor] = None
+    values: Optional[Tensor] = None
+    old_values: Optional[Tensor] = None
+    returns: Optional[Tensor] = None
+    entropy: Optional[Tensor] = None
+
+    def named(self) -> dict[str, Optional[Tensor]]:
+        """Every input but ``logprobs``, by the name errors give it, in signature order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "logprobs"}
+
+    def cleaned(self, mask: Tensor) -> "ForwardInputs":
+        """New inputs: ``mask`` (the loss mask in the arithmetic's dtype) as the loss mask,
+        every other quantity in that dtype and 0 outside it, since masked positions may
+        hold anything (padding, -inf) and must never reach the arithmetic. An outside
+        correction's weights and mask stay as given: ``PPOLoss._correction`` reads them."""
+        active = mask > 0
+        kept = ("loss_mask", "rollout_is_weights", "rollout_rs_mask")
+        return replace(self, loss_mask=mask, **{
+            f.name: torch.where(active, getattr(self, f.name).to(mask.dtype), 0.0)
+            for f in fields(self) if f.name not in kept and getattr(self, f.name) is not None})
+
+
 def check_clip_settings(clip_eps: Any, clip_eps_high: Any, dual_clip: Any) -> None:
     check_number("clip_eps", clip_eps, positive=True)
     if clip_eps_high is not None:
@@ -33,22 +69,26 @@ def check_clip_settings(clip_eps: Any, clip_eps_high: Any, dual_clip: Any) -> No
                  "or None", dual_clip)
 
 
-def check_coefficients(kl_coef: Any, kl_estimator: Any, entropy_coef: Any, value_coef: Any,
-                       value_clip_eps: Any, rollout_kl_coef: Any, rollout_kl_estimator: Any,
-                       use_bias_correction_kl: Any) -> None:
+def check_kl_terms(kl_coef: Any, kl_estimator: Any, rollout_kl_coef: Any,
+                   rollout_kl_estimator: Any, use_bias_correction_kl: Any) -> None:
+    """The settings of the two KL terms (to the reference, to the rollout policy)."""
     if isinstance(kl_coef, nn.Module):
         if not hasattr(kl_coef, "value"):
             fail("kl_coef", "a number >= 0 or a KL controller (with a 'value')", kl_coef)
     else:
         check_number("kl_coef", kl_coef, minimum=0.0)
     check_choice("kl_estimator", kl_estimator, LOSS_KL_ESTIMATORS)
+    check_number("rollout_kl_coef", rollout_kl_coef, minimum=0.0)
+    check_choice("rollout_kl_estimator", rollout_kl_estimator, LOSS_KL_ESTIMATORS)
+    check_bool("use_bias_correction_kl", use_bias_correction_kl)
+
+
+def check_value_and_entropy_terms(entropy_coef: Any, value_coef: Any,
+                                  value_clip_eps: Any) -> None:
     check_number("entropy_coef", entropy_coef, minimum=0.0)
     check_number("value_coef", value_coef, minimum=0.0)
     if value_clip_eps is not None:
         check_number("value_clip_eps", value_clip_eps, positive=True)
-    check_number("rollout_kl_coef", rollout_kl_coef, minimum=0.0)
-    check_choice("rollout_kl_estimator", rollout_kl_estimator, LOSS_KL_ESTIMATORS)
-    check_bool("use_bias_correction_kl", use_bias_correction_kl)
 
 
 def resolve_loss_settings(policy_loss: Any, policy_loss_kwargs: Any, loss_agg_mode: Any,

@@ -68,6 +68,7 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Optional, Union
 
 import torch
@@ -76,8 +77,8 @@ from torch import Tensor, nn
 from lightning_adv._checks import check_bool, fail
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES, TokenCounts, aggregate, masked_mean
 from lightning_adv.losses.loss_inputs import (
-    RATIO_LEVELS, check_clip_settings, check_coefficients, check_forward_inputs,
-    resolve_loss_settings)
+    RATIO_LEVELS, ForwardInputs, check_clip_settings, check_forward_inputs, check_kl_terms,
+    check_value_and_entropy_terms, resolve_loss_settings)
 from lightning_adv.losses.policy_loss_registry import (
     POLICY_LOSSES, PolicyLossInputs, call_policy_loss)
 from lightning_adv.losses.policy_losses import gpg as reinforce_loss
@@ -159,8 +160,9 @@ class PPOLoss(nn.Module):
                  use_bias_correction_kl: bool = False):
         super().__init__()
         check_clip_settings(clip_eps, clip_eps_high, dual_clip)
-        check_coefficients(kl_coef, kl_estimator, entropy_coef, value_coef, value_clip_eps,
-                           rollout_kl_coef, rollout_kl_estimator, use_bias_correction_kl)
+        check_kl_terms(kl_coef, kl_estimator, rollout_kl_coef, rollout_kl_estimator,
+                       use_bias_correction_kl)
+        check_value_and_entropy_terms(entropy_coef, value_coef, value_clip_eps)
         check_bool("sync_across_ranks", sync_across_ranks)
         self.policy_loss_spec, self.loss_agg_mode, self.rollout_correction = resolve_loss_settings(
             policy_loss, policy_loss_kwargs, loss_agg_mode, loss_scale_factor, ratio_level,
@@ -223,22 +225,13 @@ class PPOLoss(nn.Module):
                 counts: Optional[TokenCounts] = None) -> dict[str, Tensor]:
         """The loss and its diagnostics (see the class docstring for the arguments)."""
         kl_coef = self.current_kl_coef
-        rollout_logprobs = self._check_inputs(
-            logprobs, old_logprobs, advantages, loss_mask, rollout_logprobs, rollout_is_weights,
-            rollout_rs_mask, ref_logprobs, values, old_values, returns, entropy, kl_coef, counts)
+        given = ForwardInputs(logprobs, old_logprobs, advantages, loss_mask, rollout_logprobs,
+                              rollout_is_weights, rollout_rs_mask, ref_logprobs, values,
+                              old_values, returns, entropy)
+        checked = self._check_inputs(given, kl_coef, counts)
         # Sums in at least float32: bfloat16 would count 257 tokens as 256.
-        dtype = torch.promote_types(logprobs.dtype, torch.float32)
-        mask = loss_mask.to(dtype)
-        active = mask > 0
-
-        def clean(x: Optional[Tensor]) -> Optional[Tensor]:
-            # Masked positions may hold anything (padding, -inf); they never reach the math.
-            return None if x is None else torch.where(active, x.to(dtype), 0.0)
-
-        logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs = (clean(x) for x in (
-            logprobs, old_logprobs, advantages, rollout_logprobs, ref_logprobs))
-        values, old_values, returns, entropy = (clean(x) for x in (
-            values, old_values, returns, entropy))
+        x = checked.cleaned(loss_mask.to(torch.promote_types(logprobs.dtype, torch.float32)))
+        mask = x.loss_mask
         counts = TokenCounts(mask, self.sync_across_ranks) if counts is None else counts.part(mask)
 
         def agg(per_token: Tensor) -> Tensor:
@@ -247,39 +240,36 @@ class PPOLoss(nn.Module):
         def mean(per_token: Tensor) -> Tensor:
             return masked_mean(per_token, mask, counts.local_tokens)
 
-        weights, policy_mask = self._correction(logprobs, old_logprobs, rollout_logprobs, mask,
-                                                rollout_is_weights, rollout_rs_mask)
-        loss, result = self._policy_term(logprobs, old_logprobs, advantages, mask, policy_mask,
-                                         weights, counts, mean)
-        if values is not None:
-            value_loss = self._value_loss(values, old_values, returns)
+        weights, policy_mask = self._correction(x)
+        loss, result = self._policy_term(x, policy_mask, weights, counts, mean)
+        if x.values is not None:
+            value_loss = self._value_loss(x.values, x.old_values, x.returns)
             result["value_loss"] = mean(value_loss)
             if self.value_coef:
                 loss = loss + self.value_coef * agg(value_loss)
-        kl_terms = (("kl_loss", ref_logprobs, self.kl_estimator, kl_coef,
-                     (logprobs - old_logprobs) if self.use_bias_correction_kl else None),
-                    ("rollout_kl", rollout_logprobs, self.rollout_kl_estimator,
+        kl_terms = (("kl_loss", x.ref_logprobs, self.kl_estimator, kl_coef,
+                     (x.logprobs - x.old_logprobs) if self.use_bias_correction_kl else None),
+                    ("rollout_kl", x.rollout_logprobs, self.rollout_kl_estimator,
                      self.rollout_kl_coef, None))
         for name, other, estimator, coef, log_ratio in kl_terms:
             if other is not None:
-                kl = kl_estimate(logprobs, other, estimator, log_ratio)
+                kl = kl_estimate(x.logprobs, other, estimator, log_ratio)
                 result[name] = mean(kl)
                 if coef:
                     loss = loss + coef * agg(kl)
-        if entropy is not None:
-            result["entropy"] = mean(entropy)
+        if x.entropy is not None:
+            result["entropy"] = mean(x.entropy)
             if self.entropy_coef:
-                loss = loss - self.entropy_coef * agg(entropy)
+                loss = loss - self.entropy_coef * agg(x.entropy)
         result["loss"] = loss
         result["num_tokens"] = counts.local_tokens.detach()
         return result
 
-    def _correction(self, logprobs: Tensor, old_logprobs: Tensor,
-                    rollout_logprobs: Optional[Tensor], mask: Tensor,
-                    weights: Optional[Tensor], rs_mask: Optional[Tensor]
-                    ) -> tuple[Optional[Tensor], Tensor]:
+    def _correction(self, x: ForwardInputs) -> tuple[Optional[Tensor], Tensor]:
         """The IS weights of the policy term and its mask after rejection: those passed in,
-        or the configured correction's (bypass mode: of π_θ against the rollout policy)."""
+        or the configured correction's (bypass mode: of π_θ against the rollout policy).
+        ``x``: the cleaned inputs."""
+        mask, weights, rs_mask = x.loss_mask, x.rollout_is_weights, x.rollout_rs_mask
         dtype = mask.dtype
         if weights is not None:
             weights = torch.where(mask > 0, weights.detach().to(dtype), 0.0)
@@ -288,20 +278,20 @@ class PPOLoss(nn.Module):
         if cfg is None:
             return weights, policy_mask
         if cfg.bypass_mode:  # π_θ (detached) against π_rollout = π_old
-            found = rollout_correction(logprobs.detach(), old_logprobs, mask, **cfg.kwargs())
+            found = rollout_correction(x.logprobs.detach(), x.old_logprobs, mask, **cfg.kwargs())
             if cfg.loss_type == "reinforce" and found.weights is not None:
                 weights = found.weights
         else:
-            found = rollout_correction(old_logprobs, rollout_logprobs, mask, **cfg.kwargs())
+            found = rollout_correction(x.old_logprobs, x.rollout_logprobs, mask, **cfg.kwargs())
             weights = found.weights if found.weights is not None else weights
         return weights, policy_mask * found.loss_mask.to(dtype)
 
-    def _policy_term(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                     mask: Tensor, policy_mask: Tensor, weights: Optional[Tensor],
+    def _policy_term(self, x: ForwardInputs, policy_mask: Tensor, weights: Optional[Tensor],
                      counts: TokenCounts, mean: Callable[[Tensor], Tensor]
                      ) -> tuple[Tensor, dict[str, Tensor]]:
         """The aggregated policy-gradient term (on ``policy_mask``, normalized by the
-        counts of ``mask``) and its diagnostics."""
+        counts of the loss mask) and its diagnostics. ``x``: the cleaned inputs."""
+        mask = x.loss_mask
         spec, kwargs = self.policy_loss_spec, self.policy_loss_kwargs
         if self.bypass_mode and self.rollout_correction.loss_type == "reinforce":
             # -w A log π_θ: verl's reinforce (the gpg loss)
@@ -312,7 +302,7 @@ class PPOLoss(nn.Module):
             return torch.where(policy_active, x, 0.0)
 
         inputs = PolicyLossInputs(
-            keep(logprobs), keep(old_logprobs), keep(advantages), policy_mask,
+            keep(x.logprobs), keep(x.old_logprobs), keep(x.advantages), policy_mask,
             None if weights is None else keep(weights), self.clip_eps, self.clip_eps_high,
             self.dual_clip, self.ratio_level, counts)
         per_token, diagnostics = call_policy_loss(spec, inputs, kwargs)
@@ -320,7 +310,7 @@ class PPOLoss(nn.Module):
                          counts, self.loss_scale_factor)
         result = {"policy_loss": inputs.mean(per_token.detach()), **diagnostics}
         with torch.no_grad():
-            token_log_ratio = logprobs - old_logprobs
+            token_log_ratio = x.logprobs - x.old_logprobs
             result["approx_kl"] = mean(token_log_ratio.exp() - 1 - token_log_ratio)
             if not torch.equal(policy_mask, mask):
                 result["rollout_rejected_frac"] = mean((mask - policy_mask).clamp(min=0))
@@ -335,41 +325,36 @@ class PPOLoss(nn.Module):
             loss = torch.maximum(loss, (clipped - returns) ** 2)
         return 0.5 * loss
 
-    def _check_inputs(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                      loss_mask: Tensor, rollout_logprobs: Optional[Tensor],
-                      rollout_is_weights: Optional[Tensor], rollout_rs_mask: Optional[Tensor],
-                      ref_logprobs: Optional[Tensor], values: Optional[Tensor],
-                      old_values: Optional[Tensor], returns: Optional[Tensor],
-                      entropy: Optional[Tensor], kl_coef: float,
-                      counts: Optional[TokenCounts]) -> Optional[Tensor]:
+    def _check_inputs(self, given: ForwardInputs, kl_coef: float,
+                      counts: Optional[TokenCounts]) -> ForwardInputs:
         """Shapes, dtypes, devices, masks, log-prob ranges, the inputs each option needs,
-        and corrections that would apply twice; the rollout log-probs to use."""
-        named = {"old_logprobs": old_logprobs, "advantages": advantages, "loss_mask": loss_mask,
-                 "rollout_logprobs": rollout_logprobs, "rollout_is_weights": rollout_is_weights,
-                 "rollout_rs_mask": rollout_rs_mask, "ref_logprobs": ref_logprobs,
-                 "values": values, "old_values": old_values, "returns": returns,
-                 "entropy": entropy}
+        and corrections that would apply twice; the inputs with the rollout log-probs to
+        use (bypass mode: the old ones)."""
+        named = given.named()
+        rollout_logprobs, old_logprobs = given.rollout_logprobs, given.old_logprobs
+        values, kl_coef_on = given.values, kl_coef > 0
         cfg = self.rollout_correction
         if cfg is not None and cfg.bypass_mode:
             if rollout_logprobs is not None and rollout_logprobs is not old_logprobs:
                 fail("PPOLoss rollout_logprobs", "None in bypass mode (old_logprobs are the "
                      "rollout policy's)", "a separate tensor")
             rollout_logprobs = old_logprobs
-        if cfg is not None and (rollout_is_weights is not None or rollout_rs_mask is not None):
+        if cfg is not None and (given.rollout_is_weights is not None
+                                or given.rollout_rs_mask is not None):
             fail("PPOLoss rollout_is_weights", "None when the loss computes its own "
                  "rollout_correction (the correction would apply twice)", "weights or a mask")
-        needs = [("ref_logprobs", ref_logprobs, kl_coef > 0, "kl_coef > 0"),
-                 ("entropy", entropy, self.entropy_coef > 0, "entropy_coef > 0"),
-                 ("returns", returns, values is not None, "values"),
-                 ("old_values", old_values, values is not None and self.value_clip_eps is not None,
+        needs = [("ref_logprobs", given.ref_logprobs, kl_coef_on, "kl_coef > 0"),
+                 ("entropy", given.entropy, self.entropy_coef > 0, "entropy_coef > 0"),
+                 ("returns", given.returns, values is not None, "values"),
+                 ("old_values", given.old_values,
+                  values is not None and self.value_clip_eps is not None,
                   "values with value_clip_eps"),
                  ("rollout_logprobs", rollout_logprobs, cfg is not None, "rollout_correction "
                   "(decoupled mode: the IS weight is π_old/π_rollout)"),
                  ("rollout_logprobs", rollout_logprobs, self.rollout_kl_coef > 0,
                   "rollout_kl_coef > 0")]
-        check_forward_inputs(logprobs, named, loss_mask, needs,
-                             reads_ref=kl_coef > 0)
+        check_forward_inputs(given.logprobs, named, given.loss_mask, needs, reads_ref=kl_coef_on)
         if counts is not None and not isinstance(counts, TokenCounts):
             fail("PPOLoss counts", "None or the TokenCounts of PPOLoss.counts(minibatch mask)",
                  type(counts).__name__)
-        return rollout_logprobs
+        return replace(given, rollout_logprobs=rollout_logprobs)

@@ -23,7 +23,7 @@ import numpy as np
 from torch import Tensor
 
 from lightning_adv._checks import check_int, check_number, fail
-from lightning_adv.visualize.heatmap_data import Heatmap, Response
+from lightning_adv.visualize.heatmap_data import Heatmap, Response, RowInputs
 
 PLOT_EXTRA = "pip install 'lightning_adv[plot]'"
 
@@ -67,8 +67,8 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
     check_int("advantage_heatmap dpi", dpi, minimum=10)
     if limit is not None:
         check_number("advantage_heatmap limit", limit, positive=True)
-    responses = read_responses(tokens, advantages, loss_mask, labels, process_rewards,
-                               values, turn_ids, max_tokens)
+    responses = read_responses(RowInputs(tokens, advantages, loss_mask, labels,
+                                         process_rewards, values, turn_ids), max_tokens)
     try:
         from lightning_adv.visualize.heatmap_drawing import draw
     except ImportError as exc:
@@ -80,10 +80,9 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
     return draw(responses, scales, title, width, dpi)
 
 
-def read_responses(tokens: Any, advantages: Any, loss_mask: Any, labels: Any,
-                   process_rewards: Any, values: Any, turn_ids: Any,
-                   max_tokens: int) -> list[Response]:
+def read_responses(given: RowInputs, max_tokens: int) -> list[Response]:
     """The checked rows, token-aligned and cut to what is shown."""
+    tokens, labels, turn_ids = given.tokens, given.labels, given.turn_ids
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or not tokens:
         fail("advantage_heatmap tokens", "a non-empty list with one list of token texts per row",
              type(tokens).__name__)
@@ -97,10 +96,10 @@ def read_responses(tokens: Any, advantages: Any, loss_mask: Any, labels: Any,
         labels = [f"row {b}" for b in range(len(rows))]
     elif isinstance(labels, str) or len(labels) != len(rows):
         fail("advantage_heatmap labels", f"one string per row ({len(rows)})", labels)
-    advs = per_row("advantages", advantages, lengths)
-    mask = [[v != 0 for v in row] for row in per_row("loss_mask", loss_mask, lengths)]
+    advs = per_row("advantages", given.advantages, lengths)
+    mask = [[v != 0 for v in row] for row in per_row("loss_mask", given.loss_mask, lengths)]
     strips = {name: per_row(name.replace(" ", "_") + "s", x, lengths)
-              for name, x in (("process reward", process_rewards), ("value", values))
+              for name, x in (("process reward", given.process_rewards), ("value", given.values))
               if x is not None}
     turns = per_row("turn_ids", turn_ids, lengths) if turn_ids is not None else None
     out = []

@@ -39,6 +39,20 @@ class Heatmap:
 
 
 @dataclass(frozen=True)
+class RowInputs:
+    """:func:`~lightning_adv.visualize.advantage_heatmap`'s per-row arguments as given,
+    unchecked (see it for each one): one object for the reader that checks them."""
+
+    tokens: Any
+    advantages: Any
+    loss_mask: Any
+    labels: Any = None
+    process_rewards: Any = None
+    values: Any = None
+    turn_ids: Any = None
+
+
+@dataclass(frozen=True)
 class Response:
     """One checked input row, token-aligned, cut to its shown positions."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -50,6 +51,17 @@ class Placed:
     x: float
     width: float
     text: str
+
+
+@dataclass(frozen=True)
+class Colouring:
+    """What every response of one figure is drawn with: the strips under each line, each
+    quantity's scale and colour map, and the height of a line of cells with its strips."""
+
+    strips: tuple[str, ...]
+    norms: dict[str, Normalize]
+    maps: dict[str, Any]
+    line_h: float
 
 
 def display_text(text: str) -> str:
@@ -98,11 +110,12 @@ def draw(responses: list[Response], scales: dict[str, float], title: str | None,
     ax.set_axis_off()
     norms = {name: Normalize(-limit, limit) for name, limit in scales.items()}
     maps = {name: colormaps[COLOR_MAPS[name]] for name in scales}
+    colouring = Colouring(tuple(strips), norms, maps, line_h)
     drawn: list[tuple[int, Placed, float]] = []
     patches = Patches()
     top = 0.0
     for b, (response, cells, height) in enumerate(zip(responses, layouts, heights)):
-        _draw_response(ax, patches, response, cells, top, line_h, strips, norms, maps)
+        _draw_response(ax, patches, colouring, response, cells, top)
         drawn.extend((b, cell, top + LABEL_H + cell.line * line_h) for cell in cells)
         top += height
     # one collection: adding hundreds of patches one by one costs more than drawing them
@@ -141,8 +154,10 @@ class Patches:
         self.widths.append(width)
 
 
-def _draw_response(ax, patches: Patches, response: Response, cells: list[Placed], top: float,
-                   line_h: float, strips: list[str], norms: dict, maps: dict) -> None:
+def _draw_response(ax, patches: Patches, colouring: Colouring, response: Response,
+                   cells: list[Placed], top: float) -> None:
+    strips, norms, maps, line_h = (colouring.strips, colouring.norms, colouring.maps,
+                                   colouring.line_h)
     ax.text(0, top + LABEL_H * 0.7, label_text(response, len(cells)), fontsize=8,
             weight="bold", parse_math=False)
     if not cells:

@@ -17,6 +17,7 @@ character per token. The same arguments and seed write the same files.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -38,6 +39,25 @@ ARCHITECTURES = ("qwen2", "llama")
 #: content (letters, digits) stays one byte per token, so a tiny model can learn to
 #: reverse or add character by character.
 CORPUS_WORDS = ("system", "user", "assistant", "Reverse:", "Answer:", "Question:")
+
+
+@dataclass(frozen=True)
+class TinyModelOptions:
+    """The shape of a tiny model and its tokenizer (``make-tiny``'s flags): one object from
+    the command line, or :func:`make_tiny`'s keywords, to the builders."""
+
+    arch: str = "qwen2"
+    vocab_size: int = 300
+    """BPE vocabulary (256 bytes + 3 special tokens + merges)"""
+    pad_token: bool = True
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate_size: int = 256
+    max_positions: int = 512
+    """context window (``max_position_embeddings``)"""
+    seed: int = 0
 
 
 def task_corpus(repeats: int = 50) -> list[str]:
@@ -67,40 +87,48 @@ def build_tokenizer(vocab_size: int = 300, pad_token: bool = True):
 
 
 def build_model(vocab_size: int, eos_token_id: int, pad_token_id: Optional[int],
-                arch: str = "qwen2", hidden_size: int = 64, layers: int = 2, heads: int = 4,
-                kv_heads: int = 2, intermediate_size: int = 256, max_positions: int = 512,
-                seed: int = 0):
+                options: TinyModelOptions = TinyModelOptions()):
     """A randomly initialised causal LM (transformers' own initialisation, seeded)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config
     from transformers import Qwen2ForCausalLM
 
+    arch = options.arch
     if arch not in ARCHITECTURES:
         raise ValueError(f"--arch: expected one of {', '.join(ARCHITECTURES)}, got {arch!r}")
     config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2"
                              else (LlamaConfig, LlamaForCausalLM))
-    config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
-                        intermediate_size=intermediate_size, num_hidden_layers=layers,
-                        num_attention_heads=heads, num_key_value_heads=kv_heads,
-                        max_position_embeddings=max_positions, tie_word_embeddings=False,
+    config = config_cls(vocab_size=vocab_size, hidden_size=options.hidden_size,
+                        intermediate_size=options.intermediate_size,
+                        num_hidden_layers=options.layers, num_attention_heads=options.heads,
+                        num_key_value_heads=options.kv_heads,
+                        max_position_embeddings=options.max_positions, tie_word_embeddings=False,
                         eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(options.seed)
         model = model_cls(config)
     model.generation_config = GenerationConfig(eos_token_id=eos_token_id,
                                                pad_token_id=pad_token_id)
     return model
 
 
-def make_tiny(out: str | Path, arch: str = "qwen2", vocab_size: int = 300, pad_token: bool = True,
-              hidden_size: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-              intermediate_size: int = 256, max_positions: int = 512, seed: int = 0) -> Path:
-    """Write a tiny model and its tokenizer to ``out``; returns the directory."""
+def make_tiny(out: str | Path, *, arch: str = "qwen2", vocab_size: int = 300,
+              pad_token: bool = True, hidden_size: int = 64, layers: int = 2, heads: int = 4,
+              kv_heads: int = 2, intermediate_size: int = 256, max_positions: int = 512,
+              seed: int = 0) -> Path:
+    """Write a tiny model and its tokenizer to ``out``; returns the directory. The keywords
+    are :class:`TinyModelOptions`' fields (and ``make-tiny``'s flags)."""
+    return write_tiny(out, TinyModelOptions(
+        arch=arch, vocab_size=vocab_size, pad_token=pad_token, hidden_size=hidden_size,
+        layers=layers, heads=heads, kv_heads=kv_heads, intermediate_size=intermediate_size,
+        max_positions=max_positions, seed=seed))
+
+
+def write_tiny(out: str | Path, options: TinyModelOptions) -> Path:
+    """:func:`make_tiny` with its options as one object."""
     out = Path(out)
-    tokenizer = build_tokenizer(vocab_size, pad_token=pad_token)
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, arch,
-                        hidden_size, layers, heads, kv_heads, intermediate_size, max_positions,
-                        seed)
+    tokenizer = build_tokenizer(options.vocab_size, pad_token=options.pad_token)
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, options)
     out.mkdir(parents=True, exist_ok=True)
     with no_progress_bars():
         model.save_pretrained(out)
@@ -129,8 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="context window (max_position_embeddings)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    out = make_tiny(args.out, args.arch, args.vocab_size, args.pad_token, args.hidden_size,
-                    args.layers, args.heads, args.kv_heads, args.intermediate_size,
-                    args.max_positions, args.seed)
+    # every flag but --out is named as the option it sets
+    out = write_tiny(args.out, TinyModelOptions(**{f.name: getattr(args, f.name)
+                                                   for f in fields(TinyModelOptions)}))
     print(f"wrote a {args.arch} model ({args.layers} layers, width {args.hidden_size}) and its "
           f"tokenizer to {out}")
