@@ -89,3 +89,16 @@ def test_eos_and_pad(raw, tiny_llama_no_pad):
     assert tok.pad_id == raw.pad_token_id != tok.eos_id
     no_pad = HFTokenizer(AutoTokenizer.from_pretrained(tiny_llama_no_pad))
     assert no_pad.pad_id == no_pad.eos_id
+
+
+def test_a_prompt_ending_with_an_assistant_message_is_continued(raw):
+    """The start of the answer as a response prefix: the rendered prompt ends with its
+    text (no end-of-turn marker, no new assistant header), and equals the template's
+    rendering of the question plus the generation prompt, followed by the prefix."""
+    tok = HFTokenizer(raw)
+    question = [{"role": "user", "content": "What is 27 + 82?"}]
+    prefixed = tok.encode_prompt([*question, {"role": "assistant", "content": "27 + 82 ="}], "p")
+    text = raw.decode(prefixed)
+    opened = raw.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    assert text == opened + "27 + 82 =", text
+    assert raw.decode(tok.encode_prompt(question, "p")) == opened

