@@ -251,3 +251,26 @@ def test_the_public_names_resolve():
         for name in lightning_adv.__all__:
             assert getattr(lightning_adv, name) is not None, name
     assert lightning_adv.__version__.count(".") == 2
+
+
+def test_every_moved_trainer_module_still_imports_under_its_old_path_and_warns():
+    """The trainer's modules of 0.2 (before its sub-packages) import for one release, each
+    as the very module at its new path, with a DeprecationWarning naming it; a fresh
+    process, so the old name is looked up, not found in sys.modules."""
+    from lightning_adv.trainer._moved import MOVED
+
+    code = ("import importlib, warnings\n"
+            "from lightning_adv.trainer._moved import MOVED\n"
+            "bad = []\n"
+            "for old, new in MOVED.items():\n"
+            "    with warnings.catch_warnings(record=True) as seen:\n"
+            "        warnings.simplefilter('always')\n"
+            "        module = importlib.import_module('lightning_adv.trainer.' + old)\n"
+            "    target = importlib.import_module('lightning_adv.trainer.' + new)\n"
+            "    said = [str(w.message) for w in seen if w.category is DeprecationWarning]\n"
+            "    if module is not target or module.__spec__.name != target.__name__ or not any(\n"
+            "            'import lightning_adv.trainer.' + new in s for s in said):\n"
+            "        bad.append(old)\n"
+            "print(len(MOVED), bad)")
+    assert run_python(code).strip() == f"{len(MOVED)} []"
+    assert len(MOVED) >= 25 and not (set(MOVED) & {"tasks", "rollout"})  # (packages now)
