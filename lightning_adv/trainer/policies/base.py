@@ -20,7 +20,7 @@ sharing, a chunked log-softmax), each tested equal to this plain path.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -155,8 +155,11 @@ class Policy(nn.Module):
 
 
 def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths: Tensor,
-                 request: ScoreRequest) -> dict[str, Tensor]:
-    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``."""
+                 request: ScoreRequest, *, logprobs: Callable[..., Tensor] = next_token_logprobs,
+                 pi_squared: Callable[..., Tensor] = sum_pi_squared) -> dict[str, Tensor]:
+    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``; an
+    implementation may pass its own reductions of the logits (``logprobs(logits, ids,
+    temperature)``, ``pi_squared(logits, temperature)``)."""
     columns = torch.arange(ids.shape[1], device=ids.device)
     has_next = (columns[None] < (lengths - 1)[:, None]).float()
     out = {}
@@ -164,9 +167,9 @@ def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths:
         assert values is not None, "values requested of a policy without a value head"
         out["values"] = values.float() * (columns[None] < lengths[:, None])
     if "logprobs" in request.want:
-        out["logprobs"] = next_token_logprobs(logits, ids, request.temperature).float() * has_next
+        out["logprobs"] = logprobs(logits, ids, request.temperature).float() * has_next
     if "sum_pi_squared" in request.want:
-        out["sum_pi_squared"] = sum_pi_squared(logits, request.temperature).float() * has_next
+        out["sum_pi_squared"] = pi_squared(logits, request.temperature).float() * has_next
     return out
 
 

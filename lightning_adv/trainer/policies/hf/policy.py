@@ -33,7 +33,7 @@ from lightning_adv.trainer.policies.hf.loading import (  # noqa: F401 -- checks 
     HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
     local_or_hub, no_progress_bars)
 from lightning_adv.trainer.policies.base import (
-    GenerationRequest, Policy, PromptGroups, ScoreRequest)
+    GenerationRequest, Policy, PromptGroups, ScoreRequest, plain_scores)
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 from lightning_adv.trainer.policies.hf.gguf import model_source, without_gguf_quantizer
 from lightning_adv.trainer.policies.hf.prompt_sharing import (
@@ -262,18 +262,8 @@ def _chunked_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengt
                     request: ScoreRequest) -> dict[str, Tensor]:
     """:meth:`HFPolicy.token_scores` from the pass's outputs, the vocabulary reduced in
     chunks (no full-size float32 copy of the logits)."""
-    columns = torch.arange(ids.shape[1], device=ids.device)
-    has_next = (columns[None] < (lengths - 1)[:, None]).float()
-    out = {}
-    if "values" in request.want:
-        assert values is not None, "values requested of a policy without a value head"
-        out["values"] = values.float() * (columns[None] < lengths[:, None])
-    if "logprobs" in request.want:
-        logprobs = next_token_stats(logits, ids, request.temperature, with_entropy=False)[0]
-        out["logprobs"] = logprobs * has_next
-    if "sum_pi_squared" in request.want:
-        out["sum_pi_squared"] = sum_pi_squared_rows(logits, request.temperature) * has_next
-    return out
+    return plain_scores(logits, values, ids, lengths, request, pi_squared=sum_pi_squared_rows,
+                        logprobs=lambda x, i, t: next_token_stats(x, i, t, with_entropy=False)[0])
 
 
 def build_hf_policy(policy: PolicyConfig, *, seed: int, tokenizer: Any = None) -> HFPolicy:
