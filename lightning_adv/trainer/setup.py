@@ -41,7 +41,7 @@ from lightning_adv.trainer.config import PPOConfig, PRMConfig, coerce_config, mo
 from lightning_adv.trainer.data import derive_seed
 from lightning_adv.trainer.logs.evaluation import EvalConfig
 from lightning_adv.trainer.policies.base import Policy
-from lightning_adv.trainer.policies.build import build_policy, check_policy_options
+from lightning_adv.trainer.policies.build import PolicySetup, build_policy, check_policy_options
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.rollout.recipe_inputs import check_greedy_baseline
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
@@ -88,8 +88,8 @@ class TrainerPlan:
     advantage_module: str
     """dotted path of the AdvantageModule (sub)class"""
     seed: Optional[int]
-    hf: Any
-    """a Hugging Face policy's setup (config, tokenizer, context window), or None"""
+    policy_setup: PolicySetup
+    """the policy's tokenizer and context window (and a Hugging Face policy's checked files)"""
     runtime: TaskRuntime
     max_new_tokens: int
     """tokens per policy turn"""
@@ -114,9 +114,9 @@ class TrainerPlan:
         check_trainer_options(actor, prm, configs["kl_controller"])
         check_off_policy_options(actor, ppo)
         warn_unused_critic(actor, policy)
-        hf = check_policy_options(policy, ppo, task)
+        policy_setup = check_policy_options(policy, ppo, task)
         evaluation = configs["evaluation"]
-        runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, hf,
+        runtime, max_new_tokens, max_len = task_runtime(task, ppo, policy, policy_setup,
                                                         actor.unscorable_rewards,
                                                         held_out=2 * evaluation.num_prompts)
         # A dataset's every line (a missing prompt, one too long for the model) fails here,
@@ -130,7 +130,8 @@ class TrainerPlan:
         advantage = build_advantage_module(path, actor)
         check_greedy_baseline(advantage.required_batch_keys, ppo.greedy_baseline)
         loss = build_loss(ppo, max_new_tokens * runtime.task.max_turns)
-        return cls(**configs, advantage_module=path, seed=values.get("seed"), hf=hf,
+        return cls(**configs, advantage_module=path, seed=values.get("seed"),
+                   policy_setup=policy_setup,
                    runtime=runtime, max_new_tokens=max_new_tokens, max_len=max_len,
                    scorers=scorers, advantage=advantage, loss=loss)
 
@@ -169,7 +170,7 @@ class TrainerPlan:
         """The policy and, when a KL term needs it, the frozen reference (under LoRA the
         policy with its adapters disabled). The initial weights come from ``seed`` (the
         run's): the same seed, the same policy."""
-        policy = build_policy(self.policy, self.hf, self.runtime.vocab, self.max_len,
+        policy = build_policy(self.policy, self.policy_setup, self.runtime.vocab, self.max_len,
                               derive_seed(seed, "init"))
         return policy, policy.reference() if self.needs_reference else None
 
@@ -209,22 +210,22 @@ def resolve_scorers(prm: PRMConfig) -> list[Scorer]:
     return scorers if prm.enabled else []
 
 
-def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, hf: Any,
+def task_runtime(task: TaskConfig, ppo: PPOConfig, policy: PolicyConfig, setup: PolicySetup,
                  unscorable_rewards: str = "error", held_out: int = 0
                  ) -> tuple[TaskRuntime, int, int]:
-    """The task with its tokenizer (the character vocabulary, or the HF tokenizer of
-    ``hf``), the tokens per policy turn and the built-in policy's sequence length; under
+    """The task with its tokenizer (the character vocabulary, or the policy's tokenizer of
+    ``setup``), the tokens per policy turn and the built-in policy's sequence length; under
     ``unscorable_rewards: exclude`` its reward may be None or NaN (unscorable); a dataset
-    keeps its last ``held_out`` lines for evaluation unless ``task.num_prompts`` is set. With a
-    HF policy every prompt must leave room in the context window for the episode: every
-    turn's limit and the replies between (counted in the task's symbols; a chat
-    template's framing is checked while sampling)."""
-    runtime = TaskRuntime(task, tokenizer=hf.tokenizer if hf is not None else None,
+    keeps its last ``held_out`` lines for evaluation unless ``task.num_prompts`` is set.
+    Where the policy's context window is known, every prompt must leave room in it for the
+    episode: every turn's limit and the replies between (counted in the task's symbols; a
+    chat template's framing is checked while sampling)."""
+    runtime = TaskRuntime(task, tokenizer=setup.tokenizer,
                           unscorable_rewards=unscorable_rewards, held_out=held_out)
     max_new_tokens, max_len = sequence_budget(runtime, ppo, policy)
-    if hf is not None:
+    if setup.context_window is not None:
         t = runtime.task
-        runtime.context_window = hf.context_window
+        runtime.context_window = setup.context_window
         runtime.episode_budget = t.max_turns * max_new_tokens + (t.max_turns - 1) * t.max_reply_len
     return runtime, max_new_tokens, max_len
 
