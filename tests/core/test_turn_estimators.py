@@ -10,7 +10,7 @@ import torch
 from lightning_adv import ActorConfig, AdvantageModule, concat_batch
 from lightning_adv.recipes import recipe
 from tests.support.batches import rows_batch
-from tests.support.turn_problem import TurnProblem, per_turn_advantages, sample
+from tests.support.turn_problem import TurnProblem, advantage_errors, gradient_estimates, sample
 
 GROUPS, SIZE = 1000, 16
 
@@ -26,40 +26,19 @@ def problem_batch():
     return problem, batch, meta, info["turns"]
 
 
-def clustered(x: torch.Tensor, group: torch.Tensor) -> tuple[float, float]:
-    """Mean of ``x`` and its standard error with prompt groups as clusters (the episodes
-    of a group share baselines, so they are not independent)."""
-    sums = torch.zeros(GROUPS, dtype=torch.float64).index_add_(0, group, x.double())
-    counts = torch.zeros(GROUPS, dtype=torch.float64).index_add_(0, group, torch.ones_like(x).double())
-    mean = sums.sum() / counts.sum()
-    return float(mean), float(((sums - counts * mean) ** 2).sum().sqrt() / counts.sum())
-
-
 def mean_advantage_errors(problem, out, turns) -> dict:
     """Per (turn, action) of the turns with a choice: (estimated mean advantage - exact
     advantage) / standard error; for the last, forced turn the bias itself."""
-    adv = per_turn_advantages(out, turns)
-    group = torch.arange(len(turns)) // SIZE
-    z = {}
-    for (k, action), truth in problem.advantages().items():
-        took = (turns > k + 1) if action == "continue" else (turns == k + 1)
-        mean, se = clustered(adv[took, k] - truth, group[took])
-        z[(k, action)] = mean if k == len(problem.q) - 1 else mean / se
-    return z
+    last = len(problem.q) - 1
+    return {key: mean if key[0] == last else mean / se
+            for key, (mean, se) in advantage_errors(problem, out, turns, SIZE).items()}
 
 
 def gradient_errors(problem, out, turns) -> list[tuple[float, float]]:
     """Per turn with a choice: the estimated dJ/dtheta_k and (estimate - exact) / its
     standard error, for the policy of one logit per turn."""
-    adv = per_turn_advantages(out, turns)
-    z = []
-    for k, exact in enumerate(problem.gradient()):
-        score = (turns > k + 1).float() - problem.p[k]   # d log pi(a_k) / d theta_k
-        per_episode = torch.where(turns > k, score * adv[:, k].nan_to_num(), 0.0)
-        per_group = per_episode.view(GROUPS, SIZE).sum(1) / SIZE
-        estimate = float(per_group.mean())
-        z.append((estimate, (estimate - exact) / float(per_group.std() / GROUPS ** 0.5)))
-    return z
+    return [(estimate, (estimate - exact) / se) for (estimate, se), exact
+            in zip(gradient_estimates(problem, out, turns, SIZE), problem.gradient())]
 
 
 def test_the_sampler_reproduces_the_known_values(problem_batch):

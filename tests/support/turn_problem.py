@@ -96,3 +96,40 @@ def per_turn_advantages(out: dict, turns: torch.Tensor) -> torch.Tensor:
     k = torch.arange(int(turns.max()))
     adv = out["advantages"][:, 2 * k]
     return torch.where(k[None] < turns[:, None], adv, torch.nan)
+
+
+def clustered(x: torch.Tensor, group: torch.Tensor, groups: int) -> tuple[float, float]:
+    """Mean of ``x`` and its standard error with prompt groups as clusters (the episodes
+    of a group share baselines, so they are not independent)."""
+    sums = torch.zeros(groups, dtype=torch.float64).index_add_(0, group, x.double())
+    counts = torch.zeros(groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(x).double())
+    mean = sums.sum() / counts.sum()
+    return float(mean), float(((sums - counts * mean) ** 2).sum().sqrt() / counts.sum())
+
+
+def advantage_errors(problem: TurnProblem, out: dict, turns: torch.Tensor,
+                     size: int) -> dict[tuple[int, str], tuple[float, float]]:
+    """Per (turn, action): the estimated mean advantage minus the exact one, and its
+    standard error (prompt groups of ``size`` episodes as clusters)."""
+    adv = per_turn_advantages(out, turns)
+    group = torch.arange(len(turns)) // size
+    errors = {}
+    for (k, action), truth in problem.advantages().items():
+        took = (turns > k + 1) if action == "continue" else (turns == k + 1)
+        errors[(k, action)] = clustered(adv[took, k] - truth, group[took], len(turns) // size)
+    return errors
+
+
+def gradient_estimates(problem: TurnProblem, out: dict, turns: torch.Tensor,
+                       size: int) -> list[tuple[float, float]]:
+    """Per turn with a choice: the estimated dJ/dtheta_k of the policy of one logit per
+    turn, and its standard error over the prompt groups of ``size`` episodes."""
+    adv = per_turn_advantages(out, turns)
+    groups = len(turns) // size
+    estimates = []
+    for k in range(len(problem.gradient())):
+        score = (turns > k + 1).float() - problem.p[k]   # d log pi(a_k) / d theta_k
+        per_episode = torch.where(turns > k, score * adv[:, k].nan_to_num(), 0.0)
+        per_group = per_episode.view(groups, size).sum(1) / size
+        estimates.append((float(per_group.mean()), float(per_group.std() / groups ** 0.5)))
+    return estimates
