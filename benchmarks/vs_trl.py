@@ -21,11 +21,16 @@ held-out prompts (the last lines of the dataset, never trained on) by one evalua
 
     python benchmarks/vs_trl.py --steps 100 --seeds 0 1 2 3 4 5 6 7 --every-step-too \
         --page docs/benchmarks/vs-trl.md
+
+``benchmarks/real_model.py`` runs the same comparison on a real pretrained model
+(SmolLM2-135M-Instruct) through these functions, with other settings: the model, the
+dataset and its held-out lines, the reward, LoRA, runs side by side (``--jobs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import resource
@@ -34,7 +39,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,6 +48,7 @@ import harness
 
 DATASET = harness.ROOT / "data" / "reverse_text.jsonl"
 HELD_OUT = 200
+REWARD = "lightning_adv.trainer.tasks.text.char_match"
 EVAL_SAMPLES = 4
 FRAMEWORKS = ("lightning_adv", "trl")
 EVERY_STEP = "lightning_adv_every_step"
@@ -55,13 +62,31 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def char_match_text(response: str, answer: str) -> float:
-    """The task's reward (``lightning_adv.trainer.tasks.text.char_match``) of a response."""
+def reward_text(reward: str, response: str, answer: str) -> float:
+    """The task's reward (the function at dotted path ``reward``, as ``task.reward``
+    names it) of a response."""
     from types import SimpleNamespace
 
-    from lightning_adv.trainer.tasks.text import char_match
+    module, name = reward.rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), name)
+    return fn(SimpleNamespace(response=response, instance={"answer": answer}))
 
-    return char_match(SimpleNamespace(response=response, instance={"answer": answer}))
+
+def char_match_text(response: str, answer: str) -> float:
+    """The reverse task's reward (``lightning_adv.trainer.tasks.text.char_match``)."""
+    return reward_text(REWARD, response, answer)
+
+
+def render_prompt(tokenizer: Any, prompt: Any) -> str:
+    """A dataset prompt as the text the policy reads, as this project's tokenizer renders
+    it: a string is one user message (with the generation prompt); a list of messages
+    ending with an assistant message is a response prefix the model continues
+    (``continue_final_message``)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    prefix = messages[-1].get("role") == "assistant"
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=not prefix,
+                                         continue_final_message=prefix)
 
 
 def training_order(records: int, seed: int) -> list[int]:
@@ -81,9 +106,12 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     from lightning_adv.trainer import PPOModule
 
     s = settings
+    policy = {"pretrained": s["model"], "dtype": "float32", "value_head": False}
+    if s.get("lora"):
+        policy["lora"] = s["lora"]
     module = PPOModule(
-        policy={"pretrained": s["model"], "dtype": "float32", "value_head": False},
-        task={"dataset": s["train"], "reward": "lightning_adv.trainer.tasks.text.char_match",
+        policy=policy,
+        task={"dataset": s["train"], "reward": s.get("reward", REWARD),
               "chat_template": "auto"},
         ppo={"prompts_per_step": s["prompts_per_step"], "n_samples": s["samples"],
              "epochs": 1, "minibatches": s["minibatches"], "lr": s["lr"],
@@ -104,6 +132,7 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
         return groups
 
     module.rollout = counting_rollout
+    update = time_update(module)
     first = module.runtime.instance(training_order(len(module.runtime.task.records),
                                                    s["seed"])[0])[1]
     timer = LoopTimer(pl.Callback)
@@ -114,9 +143,58 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
                          accelerator="cpu", devices=1,
                          callbacks=[timer], default_root_dir=str(out))
     trainer.fit(module)
+    model = module.policy.model
+    update["parameters"] = sum(p.numel() for p in model.parameters())
+    update["trainable_parameters"] = sum(p.numel() for p in model.parameters()
+                                         if p.requires_grad)
+    if s.get("matmul"):  # the reference matmul, in this process and thread
+        update["matmul_flops"] = matmul_flops(update["micro_positions"],
+                                              model.config.hidden_size)
     return {"steps": module.rollout_step, "seconds": timer.seconds, "tokens": counts["tokens"],
             "rewards": list(module.reward_history), "model": str(out / "hf_model"),
-            "first_prompt": list(first)}
+            "first_prompt": list(first), "update": update}
+
+
+def time_update(module: Any) -> dict[str, Any]:
+    """Time the update phase (``module.updater.step``: the PPO epochs' forward, backward
+    and optimizer steps) and count its tokens: ``seconds``, ``tokens`` (the sequences'
+    tokens, prompts included, times the epochs: each is trained on once per epoch) and
+    ``micro_positions`` (the largest micro-batch's rows x longest row, padding included)."""
+    update = {"seconds": 0.0, "tokens": 0, "micro_positions": 0}
+    step, ppo = module.updater.step, module.ppo_config
+
+    def timed_step(batch: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return step(batch, *args, **kwargs)
+        finally:
+            update["seconds"] += time.perf_counter() - start
+            mask = batch["attention_mask"]
+            update["tokens"] += int(mask.sum()) * ppo.epochs
+            rows = -(-mask.shape[0] // ppo.minibatches)
+            if ppo.micro_batch_size is not None:
+                rows = min(rows, ppo.micro_batch_size)
+            width = int(mask.sum(1).max()) if mask.numel() else 0
+            update["micro_positions"] = max(update["micro_positions"], rows * width)
+
+    module.updater.step = timed_step
+    return update
+
+
+def matmul_flops(rows: int, width: int, min_seconds: float = 1.0) -> float:
+    """Achieved FLOP/s of a float32 ``[rows, width] @ [width, width]`` matmul on this
+    process's threads (2 x rows x width^2 per product; repeated for ``min_seconds``)."""
+    import torch
+
+    a, b = torch.randn(max(rows, 1), width), torch.randn(width, width)
+    a @ b  # warm-up
+    done, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        done += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return 2 * max(rows, 1) * width * width * done / elapsed
 
 
 def LoopTimer(base: type) -> Any:  # noqa: N802 -- builds a callback class of either trainer
@@ -146,21 +224,31 @@ def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     from lightning_adv.trainer.tasks.text import load_prompt_records
 
     s = settings
+    path = s.get("trl_model", s["model"])  # (a plain model directory: TRL has no GGUF loading)
+    reward = s.get("reward", REWARD)
     records = load_prompt_records(s["train"])
     ordered = [records[i] for i in training_order(len(records), s["seed"])]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
-                                  "answer": r["answer"]} for r in ordered])
-    tokenizer = AutoTokenizer.from_pretrained(s["model"], padding_side="left")
-    first = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True,
-                                          tokenize=True)
-    first = first["input_ids"] if isinstance(first, dict) or hasattr(first, "keys") else first
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if isinstance(ordered[0]["prompt"], str):  # one user message: TRL's conversational form
+        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
+                                      "answer": r["answer"]} for r in ordered])
+        first = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True,
+                                              tokenize=True)
+        first = first["input_ids"] if isinstance(first, dict) or hasattr(first, "keys") else first
+    else:  # messages ending with a response prefix: the rendered text, which TRL tokenizes
+        dataset = Dataset.from_list([{"prompt": render_prompt(tokenizer, r["prompt"]),
+                                      "answer": r["answer"]} for r in ordered])
+        first = tokenizer(text=[dataset[0]["prompt"]])["input_ids"][0]  # as TRL does
     per_step = s["prompts_per_step"] * s["samples"]
     steps: list[list[float]] = []
     counts = {"tokens": 0}
 
-    def char_match_reward(completions: list, answer: list, completion_ids: list,
-                          **_: Any) -> list[float]:
-        rewards = [char_match_text(c[0]["content"], a) for c, a in zip(completions, answer)]
+    def text_of(completion: Any) -> str:  # (conversational: [{"role", "content"}])
+        return completion if isinstance(completion, str) else completion[0]["content"]
+
+    def task_reward(completions: list, answer: list, completion_ids: list,
+                    **_: Any) -> list[float]:
+        rewards = [reward_text(reward, text_of(c), a) for c, a in zip(completions, answer)]
         counts["tokens"] += sum(len(ids) for ids in completion_ids)
         steps.append(rewards)
         return rewards
@@ -176,9 +264,9 @@ def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
         shuffle_dataset=False, logging_steps=s["log_every"] * s["minibatches"],
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         log_completions=False)
-    model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     timer = LoopTimer(TrainerCallback)
-    trainer = GRPOTrainer(model=model, reward_funcs=char_match_reward, args=config,
+    trainer = GRPOTrainer(model=model, reward_funcs=task_reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
     trainer.train()
     trainer.model.save_pretrained(out / "hf_model")
@@ -189,37 +277,43 @@ def run_trl(settings: dict[str, Any], out: Path) -> dict[str, Any]:
             "first_prompt": list(first), "completions_per_step": per_step}
 
 
-def evaluate(models: dict[str, str], held_out: Path, seed: int, max_new_tokens: int
+def evaluate(models: dict[str, str], held_out: Path, seed: int, max_new_tokens: int,
+             reward: str = REWARD, sampled: bool = True, batch_size: Optional[int] = None
              ) -> dict[str, dict[str, float]]:
-    """Greedy and sampled task reward of each model on the held-out prompts, by
-    ``transformers``' ``generate`` (the same evaluator for every model)."""
+    """Greedy (and with ``sampled``, sampled) task reward of each model on the held-out
+    prompts, by ``transformers``' ``generate`` (the same evaluator for every model), the
+    prompts rendered as the trainers read them (:func:`render_prompt`), ``batch_size`` at a
+    time (None: all at once)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_adv.trainer.tasks.text import load_prompt_records
 
     records = load_prompt_records(held_out)
+    size = batch_size or len(records)
+    modes = [("greedy", {"do_sample": False})]
+    if sampled:
+        modes.append(("sampled", {"do_sample": True, "temperature": 1.0, "top_k": 0,
+                                  "top_p": 1.0, "num_return_sequences": EVAL_SAMPLES}))
     out = {}
     for name, path in models.items():
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
-                                                 add_generation_prompt=True, tokenize=False)
-                   for r in records]
-        batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompts = [render_prompt(tokenizer, r["prompt"]) for r in records]
         scores = {}
-        for mode, kwargs in (("greedy", {"do_sample": False}),
-                             ("sampled", {"do_sample": True, "temperature": 1.0, "top_k": 0,
-                                          "top_p": 1.0,
-                                          "num_return_sequences": EVAL_SAMPLES})):
+        for mode, kwargs in modes:
             torch.manual_seed(seed)
-            with torch.no_grad():
-                ids = model.generate(**batch, max_new_tokens=max_new_tokens,
-                                     pad_token_id=tokenizer.pad_token_id, **kwargs)
-            texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:],
-                                           skip_special_tokens=True)
+            texts = []
+            for start in range(0, len(prompts), size):
+                batch = tokenizer(prompts[start:start + size], return_tensors="pt",
+                                  padding=True, add_special_tokens=False)
+                with torch.no_grad():
+                    ids = model.generate(**batch, max_new_tokens=max_new_tokens,
+                                         pad_token_id=tokenizer.pad_token_id, **kwargs)
+                texts += tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:],
+                                                skip_special_tokens=True)
             per_row = len(texts) // len(records)
-            rewards = [char_match_text(t, records[i // per_row]["answer"])
+            rewards = [reward_text(reward, t, records[i // per_row]["answer"])
                        for i, t in enumerate(texts)]
             scores[mode] = sum(rewards) / len(rewards)
             if mode == "greedy":  # (one string for every prompt: the reward is that string's)
@@ -239,7 +333,8 @@ def child(args: argparse.Namespace) -> None:
     out = Path(settings["out"])
     if args.child == "evaluate":
         result = evaluate(settings["models"], Path(settings["held_out"]), settings["seed"],
-                          settings["max_new_tokens"])
+                          settings["max_new_tokens"], settings.get("reward", REWARD),
+                          settings.get("sampled", True), settings.get("batch_size"))
     else:
         result = (run_ours if args.child == "lightning_adv" else run_trl)(settings, out)
         result["peak_rss_mib"] = peak_rss_mib()
@@ -249,21 +344,53 @@ def child(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------- parent side
 
 
-def split_dataset(tmp: Path) -> tuple[Path, Path, int]:
-    """The training prompts (all but the last ``HELD_OUT`` lines), the held-out ones, and
-    the trainer's default tokens per response for them (the longest answer + 1)."""
-    lines = [line for line in DATASET.read_text().splitlines() if line.strip()]
+def split_dataset(tmp: Path, dataset: Path = DATASET, held: int = HELD_OUT,
+                  reserved: Optional[int] = None) -> tuple[Path, Path, int]:
+    """The training prompts (all but the last ``reserved`` lines, by default ``held``),
+    the held-out ones (the last ``held`` lines), and the trainer's default tokens per
+    response for them (the longest answer + 1)."""
+    lines = [line for line in dataset.read_text().splitlines() if line.strip()]
     train, held_out = tmp / "train.jsonl", tmp / "held_out.jsonl"
-    train.write_text("\n".join(lines[:-HELD_OUT]) + "\n")
-    held_out.write_text("\n".join(lines[-HELD_OUT:]) + "\n")
+    train.write_text("\n".join(lines[:-(reserved or held)]) + "\n")
+    held_out.write_text("\n".join(lines[-held:]) + "\n")
     longest = max(len(json.loads(line)["answer"]) for line in lines)
     return train, held_out, longest + 1
 
 
 def run_side(kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """One child process (one thread) of ``kind``: a trainer's run, or ``evaluate``."""
     command = [str(Path(__file__).resolve()), "--child", kind, "--child-settings",
                json.dumps(settings)]
-    return harness.run_child(command, harness.ROOT, 1, f"the {kind} run")
+    what = "the evaluation" if kind == "evaluate" else f"the {kind} run"
+    start = time.perf_counter()
+    result = harness.run_child(command, harness.ROOT, 1, what)
+    if kind != "evaluate":  # the process's wall time: loading, training, saving
+        result["wall_seconds"] = time.perf_counter() - start
+    return result
+
+
+def run_all(jobs: int, calls: Sequence[Callable[[], Any]],
+            done: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
+    """Run ``calls`` (each starting child processes) ``jobs`` at a time, in their order
+    (1: one after the other), calling ``done(i, result)`` as each ends; the results in
+    order. Independent runs side by side on a loaded machine: the calls that run at once
+    share it alike (list the two trainers of a seed next to each other)."""
+    if jobs <= 1:
+        results = []
+        for i, call in enumerate(calls):
+            results.append(call())
+            if done is not None:
+                done(i, results[-1])
+        return results
+
+    def run(i: int) -> Any:
+        result = calls[i]()
+        if done is not None:
+            done(i, result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run, range(len(calls))))
 
 
 def mean_sd(values: Sequence[float], digits: int = 2) -> str:
@@ -343,6 +470,57 @@ def paired_table(runs: dict[str, list[dict[str, Any]]], tail: int) -> str:
     return harness.table(["paired over the seeds", "mean ± standard error", "range"], rows)
 
 
+def train_runs(kinds: dict[str, tuple[str, dict[str, Any]]], base: dict[str, Any],
+               seeds: Sequence[int], tmp: Path, jobs: int) -> dict[str, list[dict[str, Any]]]:
+    """Every run: for each seed, each of ``kinds`` (name -> the child's kind and its
+    settings over ``base``), in a fresh one-thread process, ``jobs`` at a time; a seed's
+    runs are listed together (alternating their order from seed to seed), so with
+    ``--jobs`` equal to their number they run side by side. Each seed's trainers are
+    checked to read the same first prompt. Returns name -> the runs, in ``seeds`` order."""
+    names = list(kinds)
+    order = [(seed, name) for i, seed in enumerate(seeds)
+             for name in names[::1 if i % 2 == 0 else -1]]
+
+    def call(seed: int, name: str) -> Callable[[], Any]:
+        child_kind, extra = kinds[name]
+        settings = {**base, **extra, "seed": seed, "out": str(tmp / f"{name}_{seed}")}
+        return lambda: run_side(child_kind, settings)
+
+    def done(i: int, result: dict[str, Any]) -> None:
+        seed, name = order[i]
+        print(f"seed {seed} {name}: {result['steps'] / result['seconds']:.2f} steps/s, "
+              f"{result['tokens'] / result['seconds']:.0f} tokens/s", flush=True)
+
+    results = run_all(jobs, [call(seed, name) for seed, name in order], done)
+    runs = {name: [results[order.index((seed, name))] for seed in seeds] for name in names}
+    for i, seed in enumerate(seeds):
+        prompts = {name: runs[name][i]["first_prompt"] for name in names}
+        if len({json.dumps(p) for p in prompts.values()}) > 1:
+            raise SystemExit(f"seed {seed}: the trainers read different first prompts: "
+                             f"{prompts}")
+    return runs
+
+
+def evaluate_runs(runs: dict[str, list[dict[str, Any]]], names: Sequence[str],
+                  seeds: Sequence[int], settings: dict[str, Any], jobs: int,
+                  initial: Optional[str] = None) -> Optional[dict[str, float]]:
+    """Score the trained models of ``names`` on the held-out prompts (one evaluator
+    process per seed, ``jobs`` at a time), into each run's ``eval``; with ``initial`` (the
+    untrained model's directory) also that model, whose scores are returned."""
+    def call(models: dict[str, str], seed: int) -> Callable[[], Any]:
+        return lambda: run_side("evaluate", {**settings, "models": models, "seed": seed})
+
+    calls = [call({name: runs[name][i]["model"] for name in names}, seed)
+             for i, seed in enumerate(seeds)]
+    if initial is not None:
+        calls.append(call({"initial": initial}, seeds[0]))
+    scores = run_all(jobs, calls)
+    for i in range(len(seeds)):
+        for name in names:
+            runs[name][i]["eval"] = scores[i][name]
+    return scores[-1]["initial"] if initial is not None else None
+
+
 def compare(args: argparse.Namespace, tmp: Path) -> None:
     import importlib.metadata
 
@@ -355,8 +533,10 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
             "max_new_tokens": max_new_tokens, "log_every": args.log_every}
     trl_version = importlib.metadata.version("trl")
     header = harness.page_header("Side by side with TRL's GRPOTrainer", [
-        f"Threads: {harness.thread_note([1])}; each run a fresh process, the two trainers "
-        f"one after the other for each seed (alternating which goes first)",
+        f"Threads: {harness.thread_note([1])}; each run a fresh process, "
+        + (f"{args.jobs} at a time (a seed's runs side by side)" if args.jobs > 1 else
+           "the two trainers one after the other for each seed (alternating which goes "
+           "first)"),
         f"TRL {trl_version} (GRPOTrainer), against this checkout's `lightning_adv`",
         f"Model: the tiny model of `python -m lightning_adv make-tiny` (Qwen2, 2 layers, "
         f"width 64, float32); task: {DATASET.relative_to(harness.ROOT)} minus its last "
@@ -368,38 +548,22 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         f"{args.log_every} training steps (Lightning's `log_every_n_steps`, TRL's "
         f"`logging_steps`, whose default is 10)"])
     print(header, flush=True)
-    kinds = (*FRAMEWORKS, EVERY_STEP) if args.every_step_too else FRAMEWORKS
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
-    for i, seed in enumerate(args.seeds):
-        for kind in kinds[::1 if i % 2 == 0 else -1]:
-            settings = {**base, "seed": seed, "out": str(tmp / f"{kind}_{seed}")}
-            if kind == EVERY_STEP:
-                settings["log_every"] = 1
-            result = run_side("lightning_adv" if kind == EVERY_STEP else kind, settings)
-            runs[kind].append(result)
-            print(f"seed {seed} {kind}: {result['steps'] / result['seconds']:.2f} steps/s, "
-                  f"{result['tokens'] / result['seconds']:.0f} tokens/s", flush=True)
-        prompts = {kind: runs[kind][-1]["first_prompt"] for kind in FRAMEWORKS}
-        if prompts["lightning_adv"] != prompts["trl"]:
-            raise SystemExit(f"the trainers read different first prompts: {prompts}")
-        models = {kind: runs[kind][-1]["model"] for kind in FRAMEWORKS}
-        scores = harness.run_child(
-            [str(Path(__file__).resolve()), "--child", "evaluate", "--child-settings",
-             json.dumps({"models": models, "held_out": str(held_out), "seed": seed,
-                         "max_new_tokens": max_new_tokens, "out": str(tmp)})],
-            harness.ROOT, 1, "the evaluation")
-        for kind in FRAMEWORKS:
-            runs[kind][-1]["eval"] = scores[kind]
-        if args.every_step_too:  # the same training (logging reads, never draws): same model
-            if runs[EVERY_STEP][-1]["rewards"] != runs["lightning_adv"][-1]["rewards"]:
+    kinds = {kind: ("lightning_adv", {}) for kind in FRAMEWORKS if kind != "trl"}
+    kinds["trl"] = ("trl", {})
+    if args.every_step_too:
+        kinds[EVERY_STEP] = ("lightning_adv", {"log_every": 1})
+    runs = train_runs(kinds, base, args.seeds, tmp, args.jobs)
+    evaluated = [kind for kind in kinds if kind != EVERY_STEP]
+    eval_settings = {"held_out": str(held_out), "max_new_tokens": max_new_tokens,
+                     "out": str(tmp)}
+    initial = evaluate_runs(runs, evaluated, args.seeds, eval_settings, args.jobs,
+                            initial=str(model))
+    if args.every_step_too:  # the same training (logging reads, never draws): same model
+        for i, seed in enumerate(args.seeds):
+            if runs[EVERY_STEP][i]["rewards"] != runs["lightning_adv"][i]["rewards"]:
                 raise SystemExit(f"seed {seed}: logging every step changed the training rewards")
-            runs[EVERY_STEP][-1]["eval"] = scores["lightning_adv"]
+            runs[EVERY_STEP][i]["eval"] = runs["lightning_adv"][i]["eval"]
     tail = min(10, args.steps)
-    initial = harness.run_child(
-        [str(Path(__file__).resolve()), "--child", "evaluate", "--child-settings",
-         json.dumps({"models": {"initial": str(model)}, "held_out": str(held_out),
-                     "seed": args.seeds[0], "max_new_tokens": max_new_tokens,
-                     "out": str(tmp)})], harness.ROOT, 1, "the evaluation")["initial"]
     sections = [
         "Means ± standard deviations over the seeds. Steps/s and tokens/s time the training "
         "loop (from its start to its end: sampling, scoring, the update, logging; model "
@@ -442,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training steps between metric logs, in both trainers")
     parser.add_argument("--every-step-too", action="store_true",
                         help="also run this project logging every step (what logging costs)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each its own one-thread process (2: the two "
+                             "trainers of a seed side by side; default: one after the other)")
     parser.add_argument("--page", type=Path, help="also write the results as a markdown page")
     parser.add_argument("--child", choices=[*FRAMEWORKS, "evaluate"], help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)
@@ -457,6 +624,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if min(args.steps, args.prompts_per_step, args.samples, args.minibatches, args.log_every) < 1:
         parser.error("--steps, --prompts-per-step, --samples, --minibatches and --log-every "
                      "must be at least 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.samples < 2:
         parser.error("--samples: GRPO needs at least 2 responses per prompt")
     if (args.prompts_per_step * args.samples) % args.minibatches:
