@@ -1,6 +1,6 @@
 """The PPO update of one training step, and the trainer's loss.
 
-:func:`ppo_update` runs ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps (manual
+:meth:`Updater.step` runs ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps (manual
 optimization) on :class:`~lightning_adv.PPOLoss`; each minibatch runs as micro-batches of
 at most ``ppo.micro_batch_size`` rows whose gradients accumulate into its one optimizer
 step, under DDP with one gradient all-reduce per minibatch (``no_sync`` before its last
