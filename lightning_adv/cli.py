@@ -36,7 +36,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
 from lightning_adv.exceptions import (
-    AdvantageContractError, CheckpointMismatchError, PeerRankFailed, TaskError)
+    AdvantageContractError, CheckpointMismatchError, NonFiniteTrainingError, PeerRankFailed,
+    TaskError)
 from lightning_adv.trainer.run.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
     next_version_dir, resume_command)
@@ -368,9 +369,10 @@ def main(args: ArgsType = None) -> None:
         # the key, the function, the prompt and the sample; a traceback would add nothing.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    except (AdvantageContractError, PeerRankFailed) as exc:
-        # A user stage broke its contract during training (or another rank failed): the
-        # message names the stage, what was expected and what it returned.
+    except (AdvantageContractError, NonFiniteTrainingError, PeerRankFailed) as exc:
+        # A user stage broke its contract during training, a step went non-finite (or
+        # another rank failed): the message names the stage or step and term, what was
+        # expected and what it returned.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except CheckpointMismatchError as exc:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from lightning_adv.exceptions import NonFiniteTrainingError
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig
 from lightning_adv.trainer.policies.base import Policy, PromptGroups
@@ -35,11 +36,12 @@ class Updater:
         ``ppo.micro_batch_size`` rows whose gradients accumulate, each cut to its longest
         row and normalized by the minibatch's token counts."""
         ppo, opt = self.ppo, module.optimizers()
+        step = int(getattr(module, "rollout_step", 0))
         strategy = module._trainer.strategy if module._trainer is not None else None
         rows = batch["input_ids"].shape[0]
-        for _ in range(ppo.epochs):
+        for epoch in range(ppo.epochs):
             order = torch.randperm(rows, generator=gen).to(batch["input_ids"].device)
-            for chunk in order.tensor_split(ppo.minibatches):
+            for minibatch, chunk in enumerate(order.tensor_split(ppo.minibatches)):
                 micro = [chunk] if ppo.micro_batch_size is None else list(
                     chunk.split(ppo.micro_batch_size))
                 counts = None
@@ -50,6 +52,9 @@ class Updater:
                     # DDP averages gradients at the last micro-batch's backward only
                     with gradient_sync(strategy, last=i == len(micro) - 1):
                         result = self.micro_batch_loss(batch, out, part, counts, module)
+                        # Before backward: a NaN never reaches the weights or a checkpoint.
+                        check_loss(result, f"training step {step} (PPO epoch {epoch}, "
+                                           f"minibatch {minibatch})", module)
                         module.manual_backward(result["loss"])
                     module.adv_metrics.update(loss=result)
                 if ppo.max_grad_norm is not None:
@@ -88,6 +93,54 @@ class Updater:
         ref_logp = out.get("ref_logp") if ppo.kl_loss_coef > 0 else None
         return loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
                        ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **extra)
+
+
+def last_checkpoint(module: Any) -> str:
+    """Which checkpoint a failed run can resume from (for its error message)."""
+    trainer = getattr(module, "_trainer", None)
+    callback = getattr(trainer, "checkpoint_callback", None)
+    path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    return (f"the last checkpoint, {path}, holds the last good step" if path
+            else "no checkpoint had been written yet")
+
+
+def check_loss(result: dict[str, Tensor], where: str, module: Any = None) -> None:
+    """Stop the run at a loss that is not finite, naming the terms that are not (the
+    loss result's scalars: policy_loss, value_loss, kl_loss, entropy, ...). One host
+    sync per micro-batch: the price of never training on (or saving) a NaN."""
+    if bool(torch.isfinite(result["loss"].detach()).all()):
+        return
+    terms = {k: float(v.detach().float().mean()) for k, v in result.items()
+             if k not in ("loss", "num_tokens") and isinstance(v, Tensor) and v.numel() == 1}
+    bad = [f"{k}={v}" for k, v in terms.items() if not torch.isfinite(torch.tensor(v))]
+    good = [f"{k}={v:.4g}" for k, v in terms.items() if torch.isfinite(torch.tensor(v))]
+    raise NonFiniteTrainingError(
+        f"{where}: the loss is {float(result['loss'].detach())}, expected a finite value; "
+        f"not finite: {', '.join(bad) or 'no single term (their weighted sum overflows)'}"
+        f"{'; finite: ' + ', '.join(good) if good else ''}. The update was not applied and "
+        f"no checkpoint of this step was written; {last_checkpoint(module)}")
+
+
+def check_advantages(out: dict[str, Any], advantage: Any, step: int, module: Any = None) -> None:
+    """The advantage module's ``advantages`` (and ``returns``) must be finite at the loss
+    mask's tokens: checked here, before the update and the logging (whose histogram
+    would fail on NaNs with a message naming neither), so the error names the step and
+    the module."""
+    active = out["loss_mask"] > 0
+    for key in ("advantages", "returns"):
+        values = out.get(key)
+        if not isinstance(values, Tensor):
+            continue
+        bad = active & ~torch.isfinite(values.detach())
+        if bool(bad.any()):
+            row, col = bad.nonzero()[0].tolist()
+            name = f"{type(advantage).__module__}.{type(advantage).__qualname__}"
+            raise NonFiniteTrainingError(
+                f"training step {step}: advantage_module {name!r} returned {key} that are not "
+                f"finite at {int(bad.sum())} of the loss mask's {int(active.sum())} tokens "
+                f"(first at ({row}, {col}): {float(values[row, col])}); expected finite "
+                f"values wherever loss_mask > 0. Nothing of this step was applied; "
+                f"{last_checkpoint(module)}")
 
 
 def gradient_sync(strategy: Any, last: bool) -> Any:

@@ -5,6 +5,7 @@ CI short); the TensorBoard event files, the saved config, ``--print_config``, us
 errors (exit 2, naming the key) and exact resume from a checkpoint are checked.
 """
 
+import math
 import shlex
 import signal
 import subprocess
@@ -35,6 +36,9 @@ def test_every_shipped_config_fits_two_steps(config, tmp_path):
                 "train/advantages_mean", "train/advantages_std", "train/approx_kl",
                 "train/clipfrac", "train/entropy", "train/policy_loss", "train/response_length"):
         assert sorted(logged[tag]) == [0, 1], tag
+    not_finite = {tag: values for tag, values in logged.items() if tag != "histograms"
+                  and not all(math.isfinite(v) for v in values.values())}
+    assert not not_finite, f"every logged scalar is finite: {not_finite}"
     critic = shipped["model"]["policy"]["value_head"]
     assert ("train/value_loss" in logged) == critic
     assert ("train/explained_variance" in logged) == critic
