@@ -46,7 +46,7 @@ from lightning_adv.trainer.run.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.run.resume import (
     ResumeTarget, changed_settings, describe, load_checkpoint_info, nothing_left_to_train,
-    resume_target)
+    resume_target, steps_left)
 from lightning_adv.trainer.run.run_dirs import (
     EVALUATION_COMMANDS, continue_in, logger_dir, new_version, parent_lines, place_evaluation)
 from lightning_adv.trainer.setup import TrainerPlan, world_size_of
@@ -116,6 +116,7 @@ class LightningAdvCLI(LightningCLI):
 
     checkpoint_info: Optional[dict[str, Any]] = None
     resume: Optional[ResumeTarget] = None
+    steps_left: Optional[int] = None
     parent_lines: list[str] = []
 
     def _usage_error(self, message: str) -> NoReturn:
@@ -245,6 +246,8 @@ class LightningAdvCLI(LightningCLI):
                                          trainer.get("max_steps", -1), steps)
         if finished:
             self._usage_error(f"ckpt_path: {finished}")
+        if trainer.get("max_epochs") not in (None, -1):
+            self.steps_left = steps_left(info, trainer.max_epochs, steps)
         if changed:
             print(f"note: resuming with settings that differ from the checkpoint's; this run "
                   f"uses the command line's: {describe(changed)}", file=sys.stderr)
@@ -299,7 +302,7 @@ class LightningAdvCLI(LightningCLI):
             if key in config:
                 config[key] = as_step_count(config[key])
         if self.subcommand == "fit":
-            extra = [InterruptCheckpoint(), RunReport()]
+            extra = [InterruptCheckpoint(), RunReport(self.steps_left)]
             configured = config.get("callbacks") or []
             configured = [*(configured if isinstance(configured, list) else [configured]), *callbacks]
             if config.get("enable_checkpointing") is not False and not any(

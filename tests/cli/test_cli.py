@@ -19,6 +19,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_adv.trainer.run.resume import load_checkpoint_info, steps_left
 from lightning_adv.cli import as_step_count, main
 from tests.support.cli_runs import CONFIGS, REPO, SHIPPED, SMALL, failed_fit, fit, scalars
 from tests.support.scripts import load_script
@@ -341,6 +342,12 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
     ckpt = Path(args[args.index("--ckpt_path") + 1])
     step = torch.load(ckpt, weights_only=True)["lightning_adv"]["rollout_step"]
     assert ckpt.is_file() and ckpt.name == f"interrupted-step={step}.ckpt" and step >= 1
+    assert f"(latest: {ckpt.name})" in out, "the summary names the checkpoint that resumes"
+    # last.ckpt holds the same mid-epoch state: it resumes the rest of the epoch too.
+    last = load_checkpoint_info(ckpt.parent / "last.ckpt")
+    assert (last["step"], last["epochs_done"], last["mid_epoch"]) == (step, 0, True), last
+    assert steps_left(last, 1, 500) == 500 - step
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [ckpt.name, "last.ckpt"]
     # The printed command resumes (one more step here) in the same run directory.
     main(args[3:] + [f"--trainer.limit_train_batches={step + 1}"])
     assert sorted(scalars(ckpt.parent.parent)["train/task_reward"]) == list(range(step + 1))

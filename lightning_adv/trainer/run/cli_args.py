@@ -71,6 +71,12 @@ def trainer_errors(trainer: Mapping[str, Any], subcommand: Optional[str]) -> Opt
                                   or value < -1):
             return f"trainer.{key}: expected -1 (no limit) or a count >= 0, got {value!r}"
     if subcommand == "fit":
+        if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1) \
+                and trainer.get("max_time") is None:
+            # Lightning's -1 means "no end" only when nothing else bounds the run.
+            return ("trainer.max_epochs: -1 trains without end (neither trainer.max_steps nor "
+                    "trainer.max_time bounds it); expected a number of epochs >= 1, or -1 with "
+                    "--trainer.max_steps=N (optimizer steps) or --trainer.max_time")
         for key, instead in NO_OP_AT_ZERO.items():
             if trainer.get(key) == 0:
                 return (f"trainer.{key}: 0 trains nothing (fit would only write an empty run "
