@@ -40,7 +40,7 @@ from lightning_adv.exceptions import (
     TaskError)
 from lightning_adv.trainer.run.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
-    next_version_dir, resume_command)
+    next_version_dir, remove_runs_left_empty, resume_command)
 from lightning_adv.trainer.logs.evaluation import PredictionWriter
 from lightning_adv.trainer.run.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
@@ -49,10 +49,10 @@ from lightning_adv.trainer.run.resume import (
     resume_target, steps_left)
 from lightning_adv.trainer.run.run_dirs import (
     EVALUATION_COMMANDS, continue_in, logger_dir, new_version, parent_lines, place_evaluation)
-from lightning_adv.trainer.setup import TrainerPlan, world_size_of
+from lightning_adv.trainer.setup import SECTIONS, TrainerPlan, world_size_of
 from lightning_adv.trainer.run.cli_args import (
-    STEP_COUNT_KEYS, as_step_count, empty_config_file, stage_shorthands, steps_per_epoch,
-    trainer_errors, use_training_step_checkpoints)
+    STEP_COUNT_KEYS, as_step_count, config_file_error, null_section_error, stage_shorthands,
+    steps_per_epoch, trainer_errors, use_training_step_checkpoints)
 
 #: training steps per epoch of a run on a drawn task that sets no length (the shipped
 #: configs' length); an epoch of the default prompt pool would be 3125 steps
@@ -115,6 +115,7 @@ class LightningAdvCLI(LightningCLI):
     """LightningCLI for :class:`~lightning_adv.trainer.PPOModule` with parse-time validation."""
 
     checkpoint_info: Optional[dict[str, Any]] = None
+    _argv: list[str] = []
     resume: Optional[ResumeTarget] = None
     steps_left: Optional[int] = None
     parent_lines: list[str] = []
@@ -140,11 +141,11 @@ class LightningAdvCLI(LightningCLI):
             self.config = parser.parse_object(args)
         else:
             argv = list(sys.argv[1:] if args is None else args)
-            empty = empty_config_file(argv)
-            if empty is not None:
-                parser.error(f"--config: {empty!r} is empty (it holds no settings); give a "
-                             f"YAML file such as configs/ppo.yaml")
+            error = config_file_error(argv)
+            if error is not None:
+                parser.error(error)
             self.config = parser.parse_args(stage_shorthands(argv))
+            self._argv = argv
         self.check_config()
 
     def _parse_ckpt_path(self) -> None:
@@ -193,6 +194,9 @@ class LightningAdvCLI(LightningCLI):
 
     def _check_model(self, model: Any, trainer: Any) -> TrainerPlan:
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
+        error = null_section_error(values, SECTIONS, self._argv)
+        if error:
+            self._usage_error(error)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -361,21 +365,19 @@ def main(args: ArgsType = None) -> None:
         run_extra_command(argv[0], list(argv[1:]))
         return
     quiet_dependency_noise()
+    finished = False
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_callback=SaveRunConfig,
                         parser_class=ConciseParser, args=args,
                         parser_kwargs={"prog": "python -m lightning_adv",
                                        "epilog": extra_commands_help()})
-    except TaskError as exc:
-        # A task, reward or scorer function returned something unusable: the message names
-        # the key, the function, the prompt and the sample; a traceback would add nothing.
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except (AdvantageContractError, NonFiniteTrainingError, PeerRankFailed) as exc:
-        # A user stage broke its contract during training, a step went non-finite (or
-        # another rank failed): the message names the stage or step and term, what was
-        # expected and what it returned.
+        finished = True
+    except (TaskError, AdvantageContractError, NonFiniteTrainingError, PeerRankFailed) as exc:
+        # A task, reward or scorer function returned something unusable, a user stage broke
+        # its contract, a step went non-finite (or another rank failed): the message names
+        # the key or stage or step, what was expected and what was given; a traceback would
+        # add nothing.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except CheckpointMismatchError as exc:
@@ -383,6 +385,8 @@ def main(args: ArgsType = None) -> None:
         raise SystemExit(2) from None
     finally:
         _close_process_group()
+        if not finished:  # (after Lightning's teardown: the logger has written its last file)
+            remove_runs_left_empty()
 
 
 def _close_process_group() -> None:

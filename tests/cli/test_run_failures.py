@@ -47,3 +47,37 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_term(tmp_path, 
     folder = tmp_path / "ppo" / "version_0" / "checkpoints"
     assert saved_steps(folder)["last.ckpt"] == BAD_FROM, "last.ckpt is the last good step"
     assert max(saved_steps(folder).values()) == BAD_FROM
+
+
+def test_a_run_failing_at_step_0_leaves_no_empty_run_directory(tmp_path, capsys):
+    (tmp_path / "ppo" / "version_0").mkdir(parents=True)
+    (tmp_path / "ppo" / "version_0" / "notes.txt").write_text("mine")
+    code, err = failed_fit("ppo", tmp_path, "--model.task.reward=tests.support.trainer_helpers.nan_reward",
+                           capsys)
+    assert code == 1 and err.startswith("error: task.reward"), err
+    # version_1 (config.yaml, hparams.yaml, an events file without a step) is removed;
+    # the directory that was there before is not.
+    assert sorted(p.name for p in (tmp_path / "ppo").iterdir()) == ["version_0"]
+    assert (tmp_path / "ppo" / "version_0" / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_failing_later_keeps_its_directory(tmp_path, capsys):
+    module = f"{HELPERS}.LateNaNAdvantageModule"
+    failed_fit("grpo", tmp_path, ("--trainer.limit_train_batches=4",
+                                  f"--model.advantage_module={module}"), capsys)
+    run = tmp_path / "grpo" / "version_0"
+    assert (run / "config.yaml").is_file(), "steps 0-1 were logged: the run is kept"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("model:\n  ppo:\n    # lr: 0.001\n", "error: model.ppo: expected a mapping of settings, got "
+                                          "null in {path} (a section whose keys are all commented out?)"),
+    ("model:\n  ppo: {lr: [1\n", "error: --config: '{path}' is not valid YAML: expected ',' or ']'"),
+])
+def test_an_override_file_that_would_undo_a_section_or_is_not_yaml_names_the_file(
+        text, says, tmp_path, capsys):
+    path = tmp_path / "override.yaml"
+    path.write_text(text)
+    code, err = failed_fit("ppo", tmp_path, ("--config", str(path)), capsys)
+    assert code == 2 and err.startswith(says.format(path=path)), err
+    assert not (tmp_path / "ppo").exists()

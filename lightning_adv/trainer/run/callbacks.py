@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -45,6 +46,29 @@ def next_version_dir(root: Path) -> Path:
     return root / f"version_{n}"
 
 
+#: run directories this process created (:class:`SaveRunConfig`), with the config it saved
+CREATED_RUNS: list[tuple[Path, Path]] = []
+
+
+def remove_runs_left_empty() -> None:
+    """After a failed run: remove each run directory it created that holds nothing of a
+    run (its own config.yaml and hparams.yaml, TensorBoard files without a step), so a
+    run failing at step 0 leaves no empty ``version_N`` behind. A directory that existed
+    before, or that holds a checkpoint, a logged step or any other file, is kept."""
+    from lightning_adv.trainer.run.resume import last_logged_step
+
+    while CREATED_RUNS:
+        run, config = CREATED_RUNS.pop()
+        files = [p for p in run.rglob("*") if not p.is_dir()]
+        ours = all(p == config or p.parent == run and _logger_file(p) for p in files)
+        if run.is_dir() and ours and last_logged_step(run) is None:
+            shutil.rmtree(run)
+
+
+def _logger_file(path: Path) -> bool:
+    return path.name == "hparams.yaml" or path.name.startswith("events.out.tfevents.")
+
+
 class SaveRunConfig(SaveConfigCallback):
     """Saves the run's resolved config as ``config.yaml`` in the run directory (the
     logger's ``log_dir``). An existing file is never overwritten: a resumed run continuing
@@ -59,6 +83,9 @@ class SaveRunConfig(SaveConfigCallback):
             return
         log_dir = trainer.log_dir
         if trainer.is_global_zero and log_dir is not None:
+            # This run's directory when it holds nothing yet but what the logger has just
+            # opened (a resumed run continuing in place finds its config.yaml there).
+            created = not any(p.is_dir() or not _logger_file(p) for p in Path(log_dir).glob("*"))
             os.makedirs(log_dir, exist_ok=True)
             text = "".join(f"{line}\n" for line in self.header)
             text += self.parser.dump(self.config, skip_none=False)
@@ -71,6 +98,8 @@ class SaveRunConfig(SaveConfigCallback):
                 except FileExistsError:
                     continue
             self.saved_path = path
+            if created:
+                CREATED_RUNS.append((Path(log_dir), path))
         self.already_saved = trainer.strategy.broadcast(True)
 
 
