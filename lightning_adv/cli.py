@@ -40,7 +40,7 @@ from lightning_adv.exceptions import (
     TaskError)
 from lightning_adv.trainer.run.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
-    next_version_dir, remove_runs_left_empty, resume_command)
+    close_process_group, next_version_dir, remove_runs_left_empty, resume_command)
 from lightning_adv.trainer.logs.evaluation import PredictionWriter
 from lightning_adv.trainer.run.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
@@ -315,7 +315,10 @@ class LightningAdvCLI(LightningCLI):
             callbacks = [*callbacks, *extra]
         elif self.subcommand == "predict":
             callbacks = [*callbacks, PredictionWriter()]
-        return super()._instantiate_trainer(config, callbacks)
+        try:
+            return super()._instantiate_trainer(config, callbacks)
+        except ValueError as exc:  # Lightning's (a strategy the accelerator cannot run)
+            self._usage_error(f"trainer: {exc}")
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -384,14 +387,6 @@ def main(args: ArgsType = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
-        _close_process_group()
+        close_process_group()
         if not finished:  # (after Lightning's teardown: the logger has written its last file)
             remove_runs_left_empty()
-
-
-def _close_process_group() -> None:
-    """Destroy the DDP process group Lightning leaves open after a run. Otherwise gloo's
-    threads are still joinable when the interpreter exits, and a run that finished cleanly
-    can abort there ("terminate called without an active exception", SIGABRT, exit -6)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()

@@ -81,3 +81,8 @@ def test_an_override_file_that_would_undo_a_section_or_is_not_yaml_names_the_fil
     code, err = failed_fit("ppo", tmp_path, ("--config", str(path)), capsys)
     assert code == 2 and err.startswith(says.format(path=path)), err
     assert not (tmp_path / "ppo").exists()
+
+
+def test_a_strategy_lightning_refuses_is_a_trainer_usage_error(tmp_path, capsys):
+    code, err = failed_fit("ppo", tmp_path, "--trainer.strategy=not_a_strategy", capsys)
+    assert code == 2 and err.startswith("error: trainer: You selected an invalid strategy"), err

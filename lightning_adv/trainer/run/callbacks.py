@@ -304,3 +304,11 @@ def fit_summary(trainer: pl.Trainer, module: Any, log_dir: Optional[str]) -> lis
     else:
         lines.append("  checkpoints: none (trainer.enable_checkpointing is off)")
     return lines
+
+
+def close_process_group() -> None:
+    """Destroy the DDP process group Lightning leaves open after a run. Otherwise gloo's
+    threads are still joinable when the interpreter exits, and a run that finished cleanly
+    can abort there ("terminate called without an active exception", SIGABRT, exit -6)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
