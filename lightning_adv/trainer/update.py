@@ -10,11 +10,13 @@ micro-batch). The minibatch order comes from the generator passed in.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from lightning_adv.distributed import any_rank
 from lightning_adv.exceptions import NonFiniteTrainingError
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig
@@ -48,15 +50,17 @@ class Updater:
                 if len(micro) > 1:  # one collective per minibatch, before any backward
                     counts = self.loss_fn.counts(out["loss_mask"][chunk])
                 opt.zero_grad()
+                results = []
                 for i, part in enumerate(micro):
                     # DDP averages gradients at the last micro-batch's backward only
                     with gradient_sync(strategy, last=i == len(micro) - 1):
                         result = self.micro_batch_loss(batch, out, part, counts, module)
-                        # Before backward: a NaN never reaches the weights or a checkpoint.
-                        check_loss(result, f"training step {step} (PPO epoch {epoch}, "
-                                           f"minibatch {minibatch})", module)
                         module.manual_backward(result["loss"])
                     module.adv_metrics.update(loss=result)
+                    results.append(result)
+                # Before the optimizer step: a NaN never reaches the weights or a checkpoint.
+                check_loss(results, f"training step {step} (PPO epoch {epoch}, minibatch "
+                                    f"{minibatch})", module)
                 if ppo.max_grad_norm is not None:
                     module.clip_gradients(opt, gradient_clip_val=ppo.max_grad_norm,
                                           gradient_clip_algorithm="norm")
@@ -104,43 +108,56 @@ def last_checkpoint(module: Any) -> str:
             else "no checkpoint had been written yet")
 
 
-def check_loss(result: dict[str, Tensor], where: str, module: Any = None) -> None:
-    """Stop the run at a loss that is not finite, naming the terms that are not (the
-    loss result's scalars: policy_loss, value_loss, kl_loss, entropy, ...). One host
-    sync per micro-batch: the price of never training on (or saving) a NaN."""
-    if bool(torch.isfinite(result["loss"].detach()).all()):
+def check_loss(results: list[dict[str, Tensor]], where: str, module: Any = None) -> None:
+    """Stop the run at a minibatch whose loss is not finite on any rank (every rank
+    stops: one flag collective per minibatch under DDP, one host sync otherwise), naming
+    the loss result's terms that are not finite (policy_loss, value_loss, kl_loss,
+    entropy, ...)."""
+    finite = torch.stack([torch.isfinite(r["loss"].detach()).all() for r in results])
+    bad = next((r for r, ok in zip(results, finite.tolist()) if not ok), None)
+    device = results[0]["loss"].device
+    if not any_rank(bad is not None, device):
         return
-    terms = {k: float(v.detach().float().mean()) for k, v in result.items()
+    after = (f"The update was not applied and no checkpoint of this step was written; "
+             f"{last_checkpoint(module)}")
+    if bad is None:
+        raise NonFiniteTrainingError(f"{where}: another data-parallel rank's loss is not finite "
+                                     f"(its error names the terms). {after}")
+    terms = {k: float(v.detach().float().mean()) for k, v in bad.items()
              if k not in ("loss", "num_tokens") and isinstance(v, Tensor) and v.numel() == 1}
-    bad = [f"{k}={v}" for k, v in terms.items() if not torch.isfinite(torch.tensor(v))]
-    good = [f"{k}={v:.4g}" for k, v in terms.items() if torch.isfinite(torch.tensor(v))]
+    nonfinite = [f"{k}={v}" for k, v in terms.items() if not math.isfinite(v)]
+    good = [f"{k}={v:.4g}" for k, v in terms.items() if math.isfinite(v)]
     raise NonFiniteTrainingError(
-        f"{where}: the loss is {float(result['loss'].detach())}, expected a finite value; "
-        f"not finite: {', '.join(bad) or 'no single term (their weighted sum overflows)'}"
-        f"{'; finite: ' + ', '.join(good) if good else ''}. The update was not applied and "
-        f"no checkpoint of this step was written; {last_checkpoint(module)}")
+        f"{where}: the loss is {float(bad['loss'].detach())}, expected a finite value; "
+        f"not finite: {', '.join(nonfinite) or 'no single term (their weighted sum overflows)'}"
+        f"{'; finite: ' + ', '.join(good) if good else ''}. {after}")
 
 
 def check_advantages(out: dict[str, Any], advantage: Any, step: int, module: Any = None) -> None:
     """The advantage module's ``advantages`` (and ``returns``) must be finite at the loss
     mask's tokens: checked here, before the update and the logging (whose histogram
     would fail on NaNs with a message naming neither), so the error names the step and
-    the module."""
+    the module. Every rank stops (one flag collective per step under DDP)."""
     active = out["loss_mask"] > 0
+    name = f"{type(advantage).__module__}.{type(advantage).__qualname__}"
+    after = f"Nothing of this step was applied; {last_checkpoint(module)}"
+    found = None
     for key in ("advantages", "returns"):
         values = out.get(key)
-        if not isinstance(values, Tensor):
-            continue
-        bad = active & ~torch.isfinite(values.detach())
-        if bool(bad.any()):
-            row, col = bad.nonzero()[0].tolist()
-            name = f"{type(advantage).__module__}.{type(advantage).__qualname__}"
-            raise NonFiniteTrainingError(
-                f"training step {step}: advantage_module {name!r} returned {key} that are not "
-                f"finite at {int(bad.sum())} of the loss mask's {int(active.sum())} tokens "
-                f"(first at ({row}, {col}): {float(values[row, col])}); expected finite "
-                f"values wherever loss_mask > 0. Nothing of this step was applied; "
-                f"{last_checkpoint(module)}")
+        if isinstance(values, Tensor) and found is None:
+            bad = active & ~torch.isfinite(values.detach())
+            if bool(bad.any()):
+                row, col = bad.nonzero()[0].tolist()
+                found = (f"returned {key} that are not finite at {int(bad.sum())} of the loss "
+                         f"mask's {int(active.sum())} tokens (first at ({row}, {col}): "
+                         f"{float(values[row, col])}); expected finite values wherever "
+                         f"loss_mask > 0")
+    if not any_rank(found is not None, active.device):
+        return
+    raise NonFiniteTrainingError(
+        f"training step {step}: advantage_module {name!r} "
+        f"{found or 'returned non-finite values on another data-parallel rank (its error says where)'}. "
+        f"{after}")
 
 
 def gradient_sync(strategy: Any, last: bool) -> Any:

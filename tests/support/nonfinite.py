@@ -35,3 +35,30 @@ class LateOverflowAdvantageModule(LateNaNAdvantageModule):
         if self.calls > BAD_FROM:
             out["returns"] = torch.full_like(out["returns"], 1e30)
         return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class RankOneNaNAdvantageModule(LateNaNAdvantageModule):
+    """NaN advantages from training step BAD_FROM on, on rank 1 only (rank 0 is fine)."""
+
+    def forward(self, batch, meta=None, *, prm=None, kl_coef=None):
+        out = AdvantageModule.forward(self, batch, meta, prm=prm, kl_coef=kl_coef)
+        self.calls += 1
+        if self.calls > BAD_FROM and _rank() == 1:
+            out["advantages"] = out["advantages"] * float("nan")
+        return out
+
+
+class RankOneOverflowAdvantageModule(LateNaNAdvantageModule):
+    """Overflowing value targets from training step BAD_FROM on, on rank 1 only."""
+
+    def forward(self, batch, meta=None, *, prm=None, kl_coef=None):
+        out = AdvantageModule.forward(self, batch, meta, prm=prm, kl_coef=kl_coef)
+        self.calls += 1
+        if self.calls > BAD_FROM and _rank() == 1:
+            out["returns"] = torch.full_like(out["returns"], 1e30)
+        return out
