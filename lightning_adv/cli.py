@@ -36,22 +36,23 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
 from lightning_adv.exceptions import (
-    AdvantageContractError, CheckpointMismatchError, PeerRankFailed, TaskError)
+    AdvantageContractError, CheckpointMismatchError, NonFiniteTrainingError, PeerRankFailed,
+    TaskError)
 from lightning_adv.trainer.run.callbacks import (
     InterruptCheckpoint, RunReport, SaveRunConfig, TrainingStepCheckpoint, fit_summary,
-    next_version_dir, resume_command)
+    close_process_group, next_version_dir, remove_runs_left_empty, resume_command)
 from lightning_adv.trainer.logs.evaluation import PredictionWriter
 from lightning_adv.trainer.run.output_filters import quiet_dependency_noise
 from lightning_adv.trainer.ppo import PPOModule
 from lightning_adv.trainer.run.resume import (
     ResumeTarget, changed_settings, describe, load_checkpoint_info, nothing_left_to_train,
-    resume_target)
+    resume_target, steps_left)
 from lightning_adv.trainer.run.run_dirs import (
     EVALUATION_COMMANDS, continue_in, logger_dir, new_version, parent_lines, place_evaluation)
-from lightning_adv.trainer.setup import TrainerPlan, world_size_of
+from lightning_adv.trainer.setup import SECTIONS, TrainerPlan, world_size_of
 from lightning_adv.trainer.run.cli_args import (
-    STEP_COUNT_KEYS, as_step_count, empty_config_file, stage_shorthands, steps_per_epoch,
-    trainer_errors, use_training_step_checkpoints)
+    STEP_COUNT_KEYS, as_step_count, config_file_error, null_section_error, stage_shorthands,
+    steps_per_epoch, trainer_errors, use_training_step_checkpoints)
 
 #: training steps per epoch of a run on a drawn task that sets no length (the shipped
 #: configs' length); an epoch of the default prompt pool would be 3125 steps
@@ -114,7 +115,9 @@ class LightningAdvCLI(LightningCLI):
     """LightningCLI for :class:`~lightning_adv.trainer.PPOModule` with parse-time validation."""
 
     checkpoint_info: Optional[dict[str, Any]] = None
+    _argv: list[str] = []
     resume: Optional[ResumeTarget] = None
+    steps_left: Optional[int] = None
     parent_lines: list[str] = []
 
     def _usage_error(self, message: str) -> NoReturn:
@@ -138,11 +141,11 @@ class LightningAdvCLI(LightningCLI):
             self.config = parser.parse_object(args)
         else:
             argv = list(sys.argv[1:] if args is None else args)
-            empty = empty_config_file(argv)
-            if empty is not None:
-                parser.error(f"--config: {empty!r} is empty (it holds no settings); give a "
-                             f"YAML file such as configs/ppo.yaml")
+            error = config_file_error(argv)
+            if error is not None:
+                parser.error(error)
             self.config = parser.parse_args(stage_shorthands(argv))
+            self._argv = argv
         self.check_config()
 
     def _parse_ckpt_path(self) -> None:
@@ -191,6 +194,9 @@ class LightningAdvCLI(LightningCLI):
 
     def _check_model(self, model: Any, trainer: Any) -> TrainerPlan:
         values = model.as_dict() if hasattr(model, "as_dict") else dict(model or {})
+        error = null_section_error(values, SECTIONS, self._argv)
+        if error:
+            self._usage_error(error)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -244,6 +250,8 @@ class LightningAdvCLI(LightningCLI):
                                          trainer.get("max_steps", -1), steps)
         if finished:
             self._usage_error(f"ckpt_path: {finished}")
+        if trainer.get("max_epochs") not in (None, -1):
+            self.steps_left = steps_left(info, trainer.max_epochs, steps)
         if changed:
             print(f"note: resuming with settings that differ from the checkpoint's; this run "
                   f"uses the command line's: {describe(changed)}", file=sys.stderr)
@@ -298,7 +306,7 @@ class LightningAdvCLI(LightningCLI):
             if key in config:
                 config[key] = as_step_count(config[key])
         if self.subcommand == "fit":
-            extra = [InterruptCheckpoint(), RunReport()]
+            extra = [InterruptCheckpoint(), RunReport(self.steps_left)]
             configured = config.get("callbacks") or []
             configured = [*(configured if isinstance(configured, list) else [configured]), *callbacks]
             if config.get("enable_checkpointing") is not False and not any(
@@ -307,7 +315,10 @@ class LightningAdvCLI(LightningCLI):
             callbacks = [*callbacks, *extra]
         elif self.subcommand == "predict":
             callbacks = [*callbacks, PredictionWriter()]
-        return super()._instantiate_trainer(config, callbacks)
+        try:
+            return super()._instantiate_trainer(config, callbacks)
+        except ValueError as exc:  # Lightning's (a strategy the accelerator cannot run)
+            self._usage_error(f"trainer: {exc}")
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -357,32 +368,25 @@ def main(args: ArgsType = None) -> None:
         run_extra_command(argv[0], list(argv[1:]))
         return
     quiet_dependency_noise()
+    finished = False
     try:
         LightningAdvCLI(PPOModule, trainer_defaults=TRAINER_DEFAULTS,
                         auto_configure_optimizers=False, save_config_callback=SaveRunConfig,
                         parser_class=ConciseParser, args=args,
                         parser_kwargs={"prog": "python -m lightning_adv",
                                        "epilog": extra_commands_help()})
-    except TaskError as exc:
-        # A task, reward or scorer function returned something unusable: the message names
-        # the key, the function, the prompt and the sample; a traceback would add nothing.
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except (AdvantageContractError, PeerRankFailed) as exc:
-        # A user stage broke its contract during training (or another rank failed): the
-        # message names the stage, what was expected and what it returned.
+        finished = True
+    except (TaskError, AdvantageContractError, NonFiniteTrainingError, PeerRankFailed) as exc:
+        # A task, reward or scorer function returned something unusable, a user stage broke
+        # its contract, a step went non-finite (or another rank failed): the message names
+        # the key or stage or step, what was expected and what was given; a traceback would
+        # add nothing.
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except CheckpointMismatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
-        _close_process_group()
-
-
-def _close_process_group() -> None:
-    """Destroy the DDP process group Lightning leaves open after a run. Otherwise gloo's
-    threads are still joinable when the interpreter exits, and a run that finished cleanly
-    can abort there ("terminate called without an active exception", SIGABRT, exit -6)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        close_process_group()
+        if not finished:  # (after Lightning's teardown: the logger has written its last file)
+            remove_runs_left_empty()

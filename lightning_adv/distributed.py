@@ -44,6 +44,12 @@ def _max_flag(value: float, device: Optional[torch.device]) -> float:
     return float(flag.item())
 
 
+def any_rank(flag: bool, device: Optional[torch.device] = None) -> bool:
+    """Whether ``flag`` holds on any rank (one collective; ``flag`` itself outside
+    torch.distributed), so every rank takes the same branch."""
+    return _max_flag(float(flag), device) > 0 if distributed() else flag
+
+
 def check_peers(device: Optional[torch.device]) -> None:
     """Raise :class:`PeerRankFailed` if another rank reported a failure."""
     if distributed() and _max_flag(0.0, device) > 0:

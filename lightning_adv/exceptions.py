@@ -49,6 +49,12 @@ class TaskError(ValueError):
     """
 
 
+class NonFiniteTrainingError(ValueError):
+    """A training step produced a NaN or Inf (the advantage module's output, or a term of
+    the loss); the message names the step and the term. Raised before the optimizer step,
+    so the weights and every checkpoint written so far are those of the last good step."""
+
+
 class CheckpointMismatchError(ValueError):
     """The checkpoint's weights do not fit the network this trainer config builds."""
 

@@ -60,7 +60,7 @@ from lightning_adv.trainer.logs.sample_log import (
 from lightning_adv.trainer.setup import TrainerPlan
 from lightning_adv.trainer.policies.sharding import ShardingHooks  # (registers --trainer.strategy=fsdp2)
 from lightning_adv.trainer.tasks.runtime import TaskConfig
-from lightning_adv.trainer.update import Updater
+from lightning_adv.trainer.update import Updater, check_advantages
 
 
 class PPOModule(ShardingHooks, pl.LightningModule):
@@ -274,6 +274,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         if entry is not None:  # (None: the off-policy queue is still filling)
             out = self.advantage(rollout, meta, prm=self.prm_shaping,
                                  kl_coef=self.kl_controller.value)
+            check_advantages(out, self.advantage, step, self)
             if self.ppo_config.off_policy:
                 record_off_policy(self.offpolicy_metrics, out, self.ppo_config,
                                   step - entry.version)

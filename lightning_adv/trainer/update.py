@@ -10,11 +10,14 @@ micro-batch). The minibatch order comes from the generator passed in.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from lightning_adv.distributed import any_rank
+from lightning_adv.exceptions import NonFiniteTrainingError
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.config import PPOConfig
 from lightning_adv.trainer.policies.base import Policy, PromptGroups
@@ -35,23 +38,29 @@ class Updater:
         ``ppo.micro_batch_size`` rows whose gradients accumulate, each cut to its longest
         row and normalized by the minibatch's token counts."""
         ppo, opt = self.ppo, module.optimizers()
+        step = int(getattr(module, "rollout_step", 0))
         strategy = module._trainer.strategy if module._trainer is not None else None
         rows = batch["input_ids"].shape[0]
-        for _ in range(ppo.epochs):
+        for epoch in range(ppo.epochs):
             order = torch.randperm(rows, generator=gen).to(batch["input_ids"].device)
-            for chunk in order.tensor_split(ppo.minibatches):
+            for minibatch, chunk in enumerate(order.tensor_split(ppo.minibatches)):
                 micro = [chunk] if ppo.micro_batch_size is None else list(
                     chunk.split(ppo.micro_batch_size))
                 counts = None
                 if len(micro) > 1:  # one collective per minibatch, before any backward
                     counts = self.loss_fn.counts(out["loss_mask"][chunk])
                 opt.zero_grad()
+                results = []
                 for i, part in enumerate(micro):
                     # DDP averages gradients at the last micro-batch's backward only
                     with gradient_sync(strategy, last=i == len(micro) - 1):
                         result = self.micro_batch_loss(batch, out, part, counts, module)
                         module.manual_backward(result["loss"])
                     module.adv_metrics.update(loss=result)
+                    results.append(result)
+                # Before the optimizer step: a NaN never reaches the weights or a checkpoint.
+                check_loss(results, f"training step {step} (PPO epoch {epoch}, minibatch "
+                                    f"{minibatch})", module)
                 if ppo.max_grad_norm is not None:
                     module.clip_gradients(opt, gradient_clip_val=ppo.max_grad_norm,
                                           gradient_clip_algorithm="norm")
@@ -88,6 +97,67 @@ class Updater:
         ref_logp = out.get("ref_logp") if ppo.kl_loss_coef > 0 else None
         return loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
                        ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **extra)
+
+
+def last_checkpoint(module: Any) -> str:
+    """Which checkpoint a failed run can resume from (for its error message)."""
+    trainer = getattr(module, "_trainer", None)
+    callback = getattr(trainer, "checkpoint_callback", None)
+    path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    return (f"the last checkpoint, {path}, holds the last good step" if path
+            else "no checkpoint had been written yet")
+
+
+def check_loss(results: list[dict[str, Tensor]], where: str, module: Any = None) -> None:
+    """Stop the run at a minibatch whose loss is not finite on any rank (every rank
+    stops: one flag collective per minibatch under DDP, one host sync otherwise), naming
+    the loss result's terms that are not finite (policy_loss, value_loss, kl_loss,
+    entropy, ...)."""
+    finite = torch.stack([torch.isfinite(r["loss"].detach()).all() for r in results])
+    bad = next((r for r, ok in zip(results, finite.tolist()) if not ok), None)
+    device = results[0]["loss"].device
+    if not any_rank(bad is not None, device):
+        return
+    after = (f"The update was not applied and no checkpoint of this step was written; "
+             f"{last_checkpoint(module)}")
+    if bad is None:
+        raise NonFiniteTrainingError(f"{where}: another data-parallel rank's loss is not finite "
+                                     f"(its error names the terms). {after}")
+    terms = {k: float(v.detach().float().mean()) for k, v in bad.items()
+             if k not in ("loss", "num_tokens") and isinstance(v, Tensor) and v.numel() == 1}
+    nonfinite = [f"{k}={v}" for k, v in terms.items() if not math.isfinite(v)]
+    good = [f"{k}={v:.4g}" for k, v in terms.items() if math.isfinite(v)]
+    raise NonFiniteTrainingError(
+        f"{where}: the loss is {float(bad['loss'].detach())}, expected a finite value; "
+        f"not finite: {', '.join(nonfinite) or 'no single term (their weighted sum overflows)'}"
+        f"{'; finite: ' + ', '.join(good) if good else ''}. {after}")
+
+
+def check_advantages(out: dict[str, Any], advantage: Any, step: int, module: Any = None) -> None:
+    """The advantage module's ``advantages`` (and ``returns``) must be finite at the loss
+    mask's tokens: checked here, before the update and the logging (whose histogram
+    would fail on NaNs with a message naming neither), so the error names the step and
+    the module. Every rank stops (one flag collective per step under DDP)."""
+    active = out["loss_mask"] > 0
+    name = f"{type(advantage).__module__}.{type(advantage).__qualname__}"
+    after = f"Nothing of this step was applied; {last_checkpoint(module)}"
+    found = None
+    for key in ("advantages", "returns"):
+        values = out.get(key)
+        if isinstance(values, Tensor) and found is None:
+            bad = active & ~torch.isfinite(values.detach())
+            if bool(bad.any()):
+                row, col = bad.nonzero()[0].tolist()
+                found = (f"returned {key} that are not finite at {int(bad.sum())} of the loss "
+                         f"mask's {int(active.sum())} tokens (first at ({row}, {col}): "
+                         f"{float(values[row, col])}); expected finite values wherever "
+                         f"loss_mask > 0")
+    if not any_rank(found is not None, active.device):
+        return
+    raise NonFiniteTrainingError(
+        f"training step {step}: advantage_module {name!r} "
+        f"{found or 'returned non-finite values on another data-parallel rank (its error says where)'}. "
+        f"{after}")
 
 
 def gradient_sync(strategy: Any, last: bool) -> Any:

@@ -5,6 +5,7 @@ CI short); the TensorBoard event files, the saved config, ``--print_config``, us
 errors (exit 2, naming the key) and exact resume from a checkpoint are checked.
 """
 
+import math
 import shlex
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_adv.trainer.run.resume import load_checkpoint_info, steps_left
 from lightning_adv.cli import as_step_count, main
 from tests.support.cli_runs import CONFIGS, REPO, SHIPPED, SMALL, failed_fit, fit, scalars
 from tests.support.scripts import load_script
@@ -35,6 +37,9 @@ def test_every_shipped_config_fits_two_steps(config, tmp_path):
                 "train/advantages_mean", "train/advantages_std", "train/approx_kl",
                 "train/clipfrac", "train/entropy", "train/policy_loss", "train/response_length"):
         assert sorted(logged[tag]) == [0, 1], tag
+    not_finite = {tag: values for tag, values in logged.items() if tag != "histograms"
+                  and not all(math.isfinite(v) for v in values.values())}
+    assert not not_finite, f"every logged scalar is finite: {not_finite}"
     critic = shipped["model"]["policy"]["value_head"]
     assert ("train/value_loss" in logged) == critic
     assert ("train/explained_variance" in logged) == critic
@@ -337,6 +342,12 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path):
     ckpt = Path(args[args.index("--ckpt_path") + 1])
     step = torch.load(ckpt, weights_only=True)["lightning_adv"]["rollout_step"]
     assert ckpt.is_file() and ckpt.name == f"interrupted-step={step}.ckpt" and step >= 1
+    assert f"(latest: {ckpt.name})" in out, "the summary names the checkpoint that resumes"
+    # last.ckpt holds the same mid-epoch state: it resumes the rest of the epoch too.
+    last = load_checkpoint_info(ckpt.parent / "last.ckpt")
+    assert (last["step"], last["epochs_done"], last["mid_epoch"]) == (step, 0, True), last
+    assert steps_left(last, 1, 500) == 500 - step
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [ckpt.name, "last.ckpt"]
     # The printed command resumes (one more step here) in the same run directory.
     main(args[3:] + [f"--trainer.limit_train_batches={step + 1}"])
     assert sorted(scalars(ckpt.parent.parent)["train/task_reward"]) == list(range(step + 1))

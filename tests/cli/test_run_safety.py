@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from lightning_adv.cli import main
+from lightning_adv.trainer.run.resume import load_checkpoint_info, nothing_left_to_train, steps_left
 from tests.support.cli_runs import CONFIGS, failed_fit, fit, scalars
 
 
@@ -62,7 +63,8 @@ def test_resuming_a_finished_run_says_so_and_leaves_last_ckpt_untouched(tmp_path
     assert code == 2
     first = err.splitlines()[0]
     assert first.startswith("error: ckpt_path: nothing is left to train") and "2 training steps" in first
-    assert "(1 epoch(s) done) and this config trains 2 (1 epoch(s) of 2 steps)" in first, first
+    assert ("2 training steps in 1 finished epoch(s), and this config trains "
+            "trainer.max_epochs=1 epoch(s) of 2 steps") in first, first
     assert "--trainer.max_epochs" in first and "left as it is" in first, err
     assert file_digests(tmp_path) == before, "last.ckpt byte-identical, no new run directory"
     # Extending it as the message says trains the next epoch, beside the finished run.
@@ -70,6 +72,27 @@ def test_resuming_a_finished_run_says_so_and_leaves_last_ckpt_untouched(tmp_path
     assert {f"ppo/version_0/{k}": v for k, v in file_digests(run).items()} == before
     assert sorted(p.name for p in (tmp_path / "ppo").iterdir()) == ["version_0", "version_1"]
     assert sorted(scalars(tmp_path / "ppo" / "version_1")["train/task_reward"]) == [2, 3]
+
+
+def test_a_resume_is_judged_by_the_checkpoints_epoch_counters_as_lightning_resumes(tmp_path, capsys):
+    # Issue 32 item 13: 5 steps in one epoch, then 2 epochs of 1 step: Lightning trains
+    # the second epoch's one step (it was refused: "holds 5 training steps ... trains 2").
+    fit("ppo", tmp_path, "--trainer.limit_train_batches=5", "--trainer.callbacks.every_n_train_steps=2")
+    folder = tmp_path / "ppo" / "version_0" / "checkpoints"
+    capsys.readouterr()
+    fit("ppo", tmp_path, "--trainer.limit_train_batches=1", "--trainer.max_epochs=2",
+        f"--ckpt_path={folder / 'last.ckpt'}")
+    out = capsys.readouterr().out
+    assert "fit: 1 more training steps of 4 prompts x 4 samples, resuming after step 5 (to step 6" in out, out
+    assert sorted(scalars(tmp_path / "ppo" / "version_1")["train/task_reward"]) == [5]
+    # A checkpoint within an epoch finishes that epoch first.
+    middle = load_checkpoint_info(folder / "epoch=0-step=2.ckpt")
+    assert (middle["epochs_done"], middle["mid_epoch"], middle["steps_in_epoch"]) == (0, True, 2)
+    assert steps_left(middle, 1, 5) == 3 and steps_left(middle, 2, 5) == 8
+    finished = load_checkpoint_info(folder / "last.ckpt")
+    assert steps_left(finished, 1, 5) == 0 and steps_left(finished, 2, 1) == 1
+    assert nothing_left_to_train(finished, 1, -1, 300) is not None
+    assert nothing_left_to_train(finished, 2, -1, 1) is None
 
 
 def test_checkpoints_count_training_steps(tmp_path):
@@ -128,6 +151,7 @@ def test_evaluations_write_inside_the_run_they_evaluate(command, tmp_path, capsy
     ("--trainer.max_epochs=0", "trainer.max_epochs: 0 trains nothing"),
     ("--trainer.max_steps=0", "trainer.max_steps: 0 trains nothing"),
     ("--trainer.max_epochs=-5", "trainer.max_epochs"),
+    ("--trainer.max_epochs=-1", "trainer.max_epochs: -1 trains without end"),
     ("--trainer.limit_train_batches=0.00001", "trainer.limit_train_batches: 1e-05 of an epoch"),
     ("--trainer.val_check_interval=0", "trainer.val_check_interval"),
 ])

@@ -11,6 +11,7 @@ import torch
 from examples.quickstart import small_batch
 from lightning_adv import ActorConfig, AdvantageModule
 from lightning_adv.recipes import recipe
+from tests.support.doc_blocks import scratch_directory
 from tests.support.peers import require_extras_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,11 +19,13 @@ EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.py") if p.stem != 
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_example_runs(name):
+def test_example_runs(name, tmp_path):
     # an example of an optional extra (verl, trl) skips without it, or fails in CI
     require_extras_of((REPO / "examples" / f"{name}.py").read_text())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", f"examples.{name}"], cwd=REPO, env=env,
+    # In a scratch directory (links to configs/, data/, ...): what an example writes
+    # (own_trainer's runs/own_trainer) never lands in the checkout.
+    proc = subprocess.run([sys.executable, "-m", f"examples.{name}"], cwd=scratch_directory(tmp_path), env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()

@@ -1,6 +1,5 @@
 """The trainer's parts: tasks, rollouts in the SPEC §1 format, sampler, metrics, PPOModule."""
 
-import math
 import subprocess
 import sys
 import warnings
@@ -271,26 +270,3 @@ def test_importing_lightning_adv_stays_light():
             "import lightning_adv.trainer; "
             "assert lightning_adv.trainer.PPOModule.__name__ == 'PPOModule'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-@pytest.mark.slow
-def test_ppo_learns_reverse(tmp_path):
-    """End-to-end learning check (about a minute): the task reward at least doubles."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.loggers import CSVLogger
-
-    module = make_module(ppo=PPOConfig(prompts_per_step=16, n_samples=8),
-                         actor=ActorConfig(kl_ctl=0.0, gae_lambda=0.95, adv_norm=NormConfig()))
-    rewards = []
-
-    class Record(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):
-            rewards.append(float(trainer.callback_metrics["train/task_reward"]))
-
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=60, logger=CSVLogger(tmp_path),
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[Record()], log_every_n_steps=1)
-    trainer.fit(module)
-    start, end = rewards[0], sum(rewards[-10:]) / 10
-    assert end >= 2 * start or end >= start + 0.3, (start, end)
-    assert math.isfinite(end)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.cli import SaveConfigCallback
 
 from lightning_adv.trainer.run.output_filters import DropMessages
@@ -45,6 +46,29 @@ def next_version_dir(root: Path) -> Path:
     return root / f"version_{n}"
 
 
+#: run directories this process created (:class:`SaveRunConfig`), with the config it saved
+CREATED_RUNS: list[tuple[Path, Path]] = []
+
+
+def remove_runs_left_empty() -> None:
+    """After a failed run: remove each run directory it created that holds nothing of a
+    run (its own config.yaml and hparams.yaml, TensorBoard files without a step), so a
+    run failing at step 0 leaves no empty ``version_N`` behind. A directory that existed
+    before, or that holds a checkpoint, a logged step or any other file, is kept."""
+    from lightning_adv.trainer.run.resume import last_logged_step
+
+    while CREATED_RUNS:
+        run, config = CREATED_RUNS.pop()
+        files = [p for p in run.rglob("*") if not p.is_dir()]
+        ours = all(p == config or p.parent == run and _logger_file(p) for p in files)
+        if run.is_dir() and ours and last_logged_step(run) is None:
+            shutil.rmtree(run)
+
+
+def _logger_file(path: Path) -> bool:
+    return path.name == "hparams.yaml" or path.name.startswith("events.out.tfevents.")
+
+
 class SaveRunConfig(SaveConfigCallback):
     """Saves the run's resolved config as ``config.yaml`` in the run directory (the
     logger's ``log_dir``). An existing file is never overwritten: a resumed run continuing
@@ -59,6 +83,9 @@ class SaveRunConfig(SaveConfigCallback):
             return
         log_dir = trainer.log_dir
         if trainer.is_global_zero and log_dir is not None:
+            # This run's directory when it holds nothing yet but what the logger has just
+            # opened (a resumed run continuing in place finds its config.yaml there).
+            created = not any(p.is_dir() or not _logger_file(p) for p in Path(log_dir).glob("*"))
             os.makedirs(log_dir, exist_ok=True)
             text = "".join(f"{line}\n" for line in self.header)
             text += self.parser.dump(self.config, skip_none=False)
@@ -71,6 +98,8 @@ class SaveRunConfig(SaveConfigCallback):
                 except FileExistsError:
                     continue
             self.saved_path = path
+            if created:
+                CREATED_RUNS.append((Path(log_dir), path))
         self.already_saved = trainer.strategy.broadcast(True)
 
 
@@ -88,8 +117,24 @@ class TrainingStepCheckpoint(ModelCheckpoint):
     (Lightning's own count optimizer steps, of which a PPO step takes several). The CLI
     uses it for every ``ModelCheckpoint`` of a config."""
 
+    _stopped = False
+    """Ctrl-C was handled: nothing more is saved (at the epoch's or the run's end a save
+    would count the cut-short epoch as done, and resume after it)"""
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._save_every_n(trainer, pl_module)
+        if interrupted(trainer) and not self._stopped:
+            # last.ckpt now, mid-epoch like interrupted-step=N.ckpt (Lightning runs the
+            # checkpoint callbacks after the others), so it resumes the rest of the epoch.
+            if self._last_global_step_saved != trainer.global_step:
+                self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._stopped = True
+
+    def _should_skip_saving_checkpoint(self, trainer: pl.Trainer) -> bool:
+        return self._stopped or super()._should_skip_saving_checkpoint(trainer)
+
+    def _save_every_n(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         every = self._every_n_train_steps
         if every < 1 or training_steps(trainer, pl_module) % every:
             return
@@ -105,6 +150,8 @@ class TrainingStepCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning keeps last.ckpt at the last periodic save: a run of 5 steps saving
         # every 2 would end with last.ckpt at step 4 and its fifth step in no file.
+        if self._stopped:
+            return
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             return
@@ -114,6 +161,12 @@ class TrainingStepCheckpoint(ModelCheckpoint):
         candidates = super()._monitor_candidates(trainer)
         candidates["step"] = torch.tensor(training_steps(trainer, trainer.lightning_module))
         return candidates
+
+
+def interrupted(trainer: pl.Trainer) -> Optional[str]:
+    """The Ctrl-C checkpoint of this fit (:class:`InterruptCheckpoint`), once saved."""
+    return next((c.saved for c in trainer.callbacks
+                 if isinstance(c, InterruptCheckpoint) and c.saved), None)
 
 
 def checkpoint_dir(trainer: pl.Trainer) -> Optional[str]:
@@ -180,7 +233,12 @@ class InterruptCheckpoint(Callback):
 
 class RunReport(Callback):
     """Prints, when training starts, how long the run is, where it writes, and that Ctrl-C
-    saves a checkpoint (so a run is never a silent 3125-step epoch)."""
+    saves a checkpoint (so a run is never a silent 3125-step epoch). ``steps_left``: the
+    training steps a resumed run trains (:func:`~lightning_adv.trainer.run.resume.steps_left`,
+    from the checkpoint's epoch and batch counters, as Lightning resumes)."""
+
+    def __init__(self, steps_left: Optional[int] = None) -> None:
+        self.steps_left = steps_left
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # trainer.log_dir broadcasts: every rank must ask for it.
@@ -189,12 +247,27 @@ class RunReport(Callback):
             return
         ppo = getattr(pl_module, "ppo_config", None)
         batch = f" of {ppo.prompts_per_step} prompts x {ppo.n_samples} samples" if ppo else ""
-        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
-        total = int(trainer.num_training_batches) * epochs
         done = getattr(pl_module, "rollout_step", 0)
-        start = f", resuming after step {done}" if done else ""
-        print(f"fit: {total} training steps{batch} (trainer.limit_train_batches x max_epochs)"
-              f"{start}; writing to {where}; Ctrl-C saves a checkpoint and stops", flush=True)
+        print(f"fit: {run_length(trainer, done, self.steps_left, batch)}; writing to {where}; "
+              f"Ctrl-C saves a checkpoint and stops", flush=True)
+
+
+def run_length(trainer: pl.Trainer, done: int, steps_left: Optional[int], batch: str = "") -> str:
+    """How many training steps (of ``batch``) this fit runs, as the banner says it."""
+    bounds = []
+    if trainer.max_steps not in (None, -1):
+        bounds.append(f"trainer.max_steps={trainer.max_steps} optimizer steps")
+    if any(isinstance(c, Timer) for c in trainer.callbacks):
+        bounds.append("trainer.max_time")
+    if trainer.max_epochs in (None, -1):  # (the CLI refuses -1 that nothing bounds)
+        return f"training steps{batch} until {' or '.join(bounds)}"
+    limit = " (or " + " or ".join(bounds) + ", if first)" if bounds else ""
+    if done and steps_left is not None:
+        return (f"{steps_left} more training steps{batch}, resuming after step {done} (to step "
+                f"{done + steps_left}: trainer.max_epochs={trainer.max_epochs}){limit}")
+    total = int(trainer.num_training_batches) * trainer.max_epochs
+    start = f", resuming after step {done}" if done else ""
+    return f"{total} training steps{batch} (trainer.limit_train_batches x max_epochs){limit}{start}"
 
 
 def resume_command(config: Optional[Path], ckpt: str) -> str:
@@ -224,8 +297,18 @@ def fit_summary(trainer: pl.Trainer, module: Any, log_dir: Optional[str]) -> lis
         lines.append("  logs: none (trainer.logger is off)")
     callback = trainer.checkpoint_callback
     if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-        latest = callback.last_model_path or callback.best_model_path
+        # After Ctrl-C the checkpoint to resume is the interrupted one (last.ckpt holds the
+        # same state when the config saves one).
+        latest = interrupted(trainer) or callback.last_model_path or callback.best_model_path
         lines.append(f"  checkpoints: {callback.dirpath}" + (f" (latest: {Path(latest).name})" if latest else ""))
     else:
         lines.append("  checkpoints: none (trainer.enable_checkpointing is off)")
     return lines
+
+
+def close_process_group() -> None:
+    """Destroy the DDP process group Lightning leaves open after a run. Otherwise gloo's
+    threads are still joinable when the interpreter exits, and a run that finished cleanly
+    can abort there ("terminate called without an active exception", SIGABRT, exit -6)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -71,6 +71,12 @@ def trainer_errors(trainer: Mapping[str, Any], subcommand: Optional[str]) -> Opt
                                   or value < -1):
             return f"trainer.{key}: expected -1 (no limit) or a count >= 0, got {value!r}"
     if subcommand == "fit":
+        if trainer.get("max_epochs") == -1 and trainer.get("max_steps") in (None, -1) \
+                and trainer.get("max_time") is None:
+            # Lightning's -1 means "no end" only when nothing else bounds the run.
+            return ("trainer.max_epochs: -1 trains without end (neither trainer.max_steps nor "
+                    "trainer.max_time bounds it); expected a number of epochs >= 1, or -1 with "
+                    "--trainer.max_steps=N (optimizer steps) or --trainer.max_time")
         for key, instead in NO_OP_AT_ZERO.items():
             if trainer.get(key) == 0:
                 return (f"trainer.{key}: 0 trains nothing (fit would only write an empty run "
@@ -89,22 +95,58 @@ def steps_per_epoch(trainer: Mapping[str, Any], num_prompts: int, prompts_per_st
     return steps
 
 
-def empty_config_file(args: list[str]) -> Optional[str]:
-    """The first ``--config`` file of ``args`` that holds no settings (jsonargparse's own
-    message for it is "Unexpected config:")."""
+def config_files(args: list[str]) -> list[str]:
+    """The ``--config`` files of ``args``, in order."""
+    found = []
     for i, arg in enumerate(args):
         if arg == "--config" and i + 1 < len(args):
-            path = args[i + 1]
+            found.append(args[i + 1])
         elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            continue
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
+def _load(path: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def config_file_error(args: list[str]) -> Optional[str]:
+    """The first ``--config`` file of ``args`` that is not YAML (jsonargparse's message
+    for it names no file) or that holds no settings (its message: "Unexpected config:")."""
+    for path in config_files(args):
+        if not Path(path).is_file():
+            continue  # jsonargparse says so
         try:
-            empty = Path(path).is_file() and yaml.safe_load(Path(path).read_text()) is None
-        except yaml.YAMLError:
-            continue  # jsonargparse names the syntax error
-        if empty:
-            return path
+            loaded = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            return f"--config: {path!r} is not valid YAML: {problem}{where}"
+        if loaded is None:
+            return (f"--config: {path!r} is empty (it holds no settings); give a YAML file "
+                    f"such as configs/ppo.yaml")
+    return None
+
+
+def null_section_error(model: Mapping[str, Any], sections: Any, args: list[str]) -> Optional[str]:
+    """A ``model`` section given as null (``ppo:`` with every key commented out) would reset
+    the whole section to its defaults, undoing the configs before it: refused, naming the
+    file that sets it."""
+    for name in sections:
+        if name in model and model[name] is None:
+            where = next((f" in {path}" for path in reversed(config_files(args))
+                          if isinstance(_load(path), dict)
+                          and isinstance(_load(path).get("model"), dict)
+                          and name in _load(path)["model"] and _load(path)["model"][name] is None),
+                         "")
+            return (f"model.{name}: expected a mapping of settings, got null{where} (a "
+                    f"section whose keys are all commented out?); null would reset every "
+                    f"model.{name} setting to its default. Remove the empty `{name}:` line to "
+                    f"keep the settings of the configs before it")
     return None
 
 

@@ -95,11 +95,32 @@ def load_checkpoint_info(path: str | Path) -> dict[str, Any]:
     hparams.pop("_instantiator", None)
     state = checkpoint.get("lightning_adv", {}) or {}
     global_step = int(checkpoint.get("global_step", 0))
+    fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    epochs = (fit_loop.get("epoch_progress") or {}).get("current") or {}
+    batches = (fit_loop.get("epoch_loop.batch_progress") or {}).get("current") or {}
     # Lightning counts an epoch as processed before the hook that saves its last checkpoint.
-    progress = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
-    epochs_done = int((progress.get("current") or {}).get("processed", checkpoint.get("epoch", 0)))
+    epochs_done = int(epochs.get("processed", checkpoint.get("epoch", 0)))
     return {"hparams": hparams, "step": int(state.get("rollout_step", global_step)),
-            "seed": state.get("seed"), "global_step": global_step, "epochs_done": epochs_done}
+            "seed": state.get("seed"), "global_step": global_step, "epochs_done": epochs_done,
+            "mid_epoch": int(epochs.get("started", epochs_done)) > epochs_done,
+            "steps_in_epoch": int(batches.get("processed", 0))}
+
+
+def steps_left(info: Mapping[str, Any], max_epochs: int, steps_per_epoch: int) -> int:
+    """The training steps Lightning's fit loop runs when it resumes the checkpoint of
+    ``info`` (:func:`load_checkpoint_info`) for ``max_epochs`` epochs of ``steps_per_epoch``
+    steps (trainer.max_steps aside). It goes by the checkpoint's own epoch and batch
+    counters, not by its step count: the epochs it counts as done are done, whatever
+    their length; a checkpoint saved within an epoch finishes that epoch first (or runs
+    it anew when it already holds ``steps_per_epoch`` of its steps: Lightning's restart
+    of an epoch saved at its end)."""
+    epochs = max_epochs - info["epochs_done"]
+    if epochs <= 0:
+        return 0
+    left = epochs * steps_per_epoch
+    if info.get("mid_epoch") and 0 < info.get("steps_in_epoch", 0) < steps_per_epoch:
+        left -= info["steps_in_epoch"]
+    return left
 
 
 def nothing_left_to_train(info: Mapping[str, Any], max_epochs: Optional[int], max_steps: int,
@@ -111,20 +132,13 @@ def nothing_left_to_train(info: Mapping[str, Any], max_epochs: Optional[int], ma
         return (f"nothing is left to train: the checkpoint holds {info['global_step']} optimizer "
                 f"steps and trainer.max_steps is {max_steps}; to train on, raise "
                 f"--trainer.max_steps (it counts optimizer steps). The checkpoint is left as it is")
-    if max_epochs in (None, -1):
+    if max_epochs in (None, -1) or steps_left(info, max_epochs, steps_per_epoch) > 0:
         return None
-    step, total = info["step"], steps_per_epoch * max_epochs
-    if info["epochs_done"] < max_epochs and step < total:
-        return None
-    more = "--trainer.max_epochs (each more epoch trains trainer.limit_train_batches steps)"
-    if info["epochs_done"] < max_epochs:
-        more += " or --trainer.limit_train_batches (the steps of its last epoch)"
-    # (a last.ckpt saved at the end of fit holds all of the epoch's steps before Lightning
-    # counts the epoch as done)
-    done = max(info["epochs_done"], step // steps_per_epoch if steps_per_epoch else 0)
-    return (f"nothing is left to train: the checkpoint holds {step} training steps "
-            f"({done} epoch(s) done) and this config trains {total} "
-            f"({max_epochs} epoch(s) of {steps_per_epoch} steps); to train on, raise {more}. "
+    return (f"nothing is left to train: the checkpoint holds {info['step']} training steps in "
+            f"{info['epochs_done']} finished epoch(s), and this config trains "
+            f"trainer.max_epochs={max_epochs} epoch(s) of {steps_per_epoch} steps (a resumed run "
+            f"goes on after the checkpoint's finished epochs); to train on, raise "
+            f"--trainer.max_epochs (each more epoch trains trainer.limit_train_batches steps). "
             f"The checkpoint is left as it is")
 
 
