@@ -82,7 +82,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
             training steps.
     """
 
-    def __init__(self, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
+    def __init__(self, *, actor: ActorConfig = ActorConfig(), policy: PolicyConfig = PolicyConfig(),
                  ppo: PPOConfig = PPOConfig(), task: TaskConfig = TaskConfig(),
                  prm: PRMConfig = PRMConfig(),
                  advantage_module: str = "lightning_adv.AdvantageModule",

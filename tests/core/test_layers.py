@@ -169,7 +169,7 @@ MANY_PARAMETERS = {
     "stages/registry.py:register_stage": "public: one keyword per stage fact",
     "visualize/heatmap.py:advantage_heatmap": "public keyword API",
     "integrations/response_batch.py:response_advantages": "the verl/TRL adapters' keyword API",
-    "trainer/ppo.py:PPOModule.__init__": "one parameter per section of the YAML model: tree",
+    "trainer/ppo.py:PPOModule.__init__": "keyword-only, one per section of the YAML model: tree",
     "trainer/policies/hf/make_tiny.py:make_tiny": "public keywords mirroring make-tiny's flags "
                                                   "(write_tiny takes TinyModelOptions)",
     "ops/gae.py:turn_gae": "a torch.library op's schema: flat tensors and scalars",
