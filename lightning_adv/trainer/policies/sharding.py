@@ -63,12 +63,6 @@ if "fsdp2" not in StrategyRegistry:
         description="FSDP2 (fully_shard per decoder layer and on the root) over every rank")
 
 
-def uses_sharding(trainer: Any) -> bool:
-    """The trainer's strategy shards the module with FSDP2 (``ModelParallelStrategy``)."""
-    return trainer is not None and isinstance(getattr(trainer, "strategy", None),
-                                              ModelParallelStrategy)
-
-
 def data_parallel_mesh(strategy: ModelParallelStrategy) -> Any:
     """The strategy's data-parallel mesh; tensor parallelism is refused (the trainer's
     sampling and scoring assume each rank computes whole logits)."""
