@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.peers import require_extra
+from tests.support.scripts import shown_command
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER_FIELDS = ("- Date: ", " UTC\n", "- Machine: ", " cores, ", "- Versions: ", "torch ",
@@ -34,7 +35,7 @@ def page_of(name: str, page: Path, *args: str) -> str:
     assert text.startswith("# ")
     for field in HEADER_FIELDS:
         assert field in text, field
-    assert f"benchmarks/{name}.py {' '.join(args)}" in text  # the command line, verbatim
+    assert shown_command(f"benchmarks/{name}.py", list(args)) in text  # as typed
     assert text.rstrip().endswith("ratios between cases measured side by side in one run; "
                                   "compare absolute times only between runs on the same idle "
                                   "machine.") and DETERMINISM in text

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from tests.support.scripts import shown_command
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--trainer.limit_train_batches=3", "--trainer.max_epochs=1",
@@ -23,7 +24,7 @@ def test_learning_page_has_the_table_the_machine_and_the_command(tmp_path):
                   "- Command: ", "- Commit: ", "The rewards are deterministic on one machine",
                   "Nothing in these timings is deterministic"):
         assert field in text, field
-    assert f"benchmarks/learning.py {' '.join(args)}" in text  # the command line, verbatim
+    assert shown_command("benchmarks/learning.py", list(args)) in text  # as typed
     for name in ("ppo", "hf_grpo"):  # hf_grpo trains the tiny model the script makes first
         row = re.search(rf"^\| {name}\.yaml \| ([\d.]+) \| .* \| (\d+) \| \d+m \d\ds \|$", text,
                         re.M)

@@ -5,6 +5,7 @@ staleness and correction, and the command."""
 import subprocess
 import sys
 from pathlib import Path
+from tests.support.scripts import shown_command
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--model.ppo.prompts_per_step=4", "--model.ppo.n_samples=2",
@@ -23,7 +24,7 @@ def test_off_policy_page_has_a_row_per_staleness_and_correction(tmp_path):
     for field in ("# Off-policy learning", "- Date: ", "- Machine: ", "- Command: ",
                   "- Commit: ", "The rewards are deterministic on one machine"):
         assert field in text, field
-    assert f"benchmarks/off_policy.py {' '.join(args)}" in text  # the command line, verbatim
+    assert shown_command("benchmarks/off_policy.py", list(args)) in text  # as typed
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| 1 |")]
     assert [r[1].strip() for r in rows] == ["no correction", "IcePop (token, 0.5_5)"]
     assert rows[0][6].strip() == "-" and rows[1][6].strip().endswith("%")

@@ -17,3 +17,11 @@ def load_script(name: str) -> ModuleType:
         sys.modules[key] = module
         spec.loader.exec_module(module)
     return sys.modules[key]
+
+
+def shown_command(script: str, args: list[str]) -> str:
+    """How a benchmark page shows ``python <script> <args>``: absolute paths outside the
+    checkout (a test's temporary files) by their names only, as the harness writes them
+    (``benchmarks/harness.py``, no machine's paths on a page)."""
+    shown = [Path(a).name if Path(a).is_absolute() else a for a in args]
+    return f"{script} {' '.join(shown)}"
