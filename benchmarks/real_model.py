@@ -125,14 +125,14 @@ def gflops(value: float) -> str:
 
 def update_flops(run: dict[str, Any]) -> Optional[tuple[float, float, int]]:
     """The update phase's achieved FLOP/s of one of this project's runs (``factor`` x
-    parameters x trained tokens per second: 6 for full fine-tuning, 4 with LoRA, whose
-    frozen weights get no gradient), that of the reference matmul, and the factor; None
-    without a timed update."""
+    parameters x computed tokens per second: 6 for full fine-tuning, 4 with LoRA, whose
+    frozen weights get no gradient; each shared prompt counted once, as the forward reads
+    it), that of the reference matmul, and the factor; None without a timed update."""
     update = run.get("update") or {}
     if not update.get("seconds") or not update.get("matmul_flops"):
         return None
     factor = 6 if update["trainable_parameters"] == update["parameters"] else 4
-    achieved = factor * update["parameters"] * update["tokens"] / update["seconds"]
+    achieved = factor * update["parameters"] * update["computed_tokens"] / update["seconds"]
     return achieved, update["matmul_flops"], factor
 
 
@@ -191,12 +191,12 @@ def flops_table(runs: dict[str, list[dict[str, Any]]], seeds: Sequence[int]) -> 
             achieved, matmul, factor = measured
             u = r["update"]
             rows.append([NAMES[name], str(seed), f"{u['seconds']:.1f}", str(u["tokens"]),
-                         f"{u['tokens'] / u['seconds']:.0f}",
+                         str(u["computed_tokens"]), f"{u['computed_tokens'] / u['seconds']:.0f}",
                          f"{gflops(achieved)} ({factor}N)", gflops(matmul),
                          f"{achieved / matmul:.2f}"])
     return harness.table(["trainer", "seed", "update phase (s)", "trained tokens",
-                          "trained tokens/s", "achieved GFLOP/s", "matmul GFLOP/s",
-                          "achieved ÷ matmul"], rows)
+                          "computed tokens", "computed tokens/s", "achieved GFLOP/s",
+                          "matmul GFLOP/s", "achieved ÷ matmul"], rows)
 
 
 def write_results(page: Path, header: str, sections: list[str], data: dict[str, Any]) -> None:
@@ -284,9 +284,11 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
     flop_note = (
         "The update phase (this project's `Updater.step`: forward, backward and optimizer "
         "step over each rollout) is timed inside the run; its achieved FLOP/s is 6 x N x "
-        "the trained tokens per second (N the model's parameters, the tied embedding "
-        "counted once as the output projection; the tokens of every sequence, prompt "
-        "included, without padding; attention's own FLOPs left out), 4 x N with LoRA "
+        "the computed tokens per second (N the model's parameters, the tied embedding "
+        "counted once as the output projection; the computed tokens are the trained "
+        "sequences' tokens without padding, each prompt counted once for its group, since "
+        "the update reads a shared prompt once; attention's own FLOPs left out; trained "
+        "tokens counts every sequence's prompt), 4 x N with LoRA "
         "(the frozen weights get no gradient). The matmul is a float32 [T, d] @ [d, d] "
         "product (T the update's positions per micro-batch, d the model's width), timed "
         "on the same thread in the same process after training. TRL's update phase is "

@@ -158,9 +158,11 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
 def time_update(module: Any) -> dict[str, Any]:
     """Time the update phase (``module.updater.step``: the PPO epochs' forward, backward
     and optimizer steps) and count its tokens: ``seconds``, ``tokens`` (the sequences'
-    tokens, prompts included, times the epochs: each is trained on once per epoch) and
+    tokens, prompts included, times the epochs: each is trained on once per epoch),
+    ``computed_tokens`` (the same with each distinct prompt of a rollout counted once: what
+    the forward reads when a policy reads shared prompts once, exact with one minibatch) and
     ``micro_positions`` (the largest micro-batch's rows x longest row, padding included)."""
-    update = {"seconds": 0.0, "tokens": 0, "micro_positions": 0}
+    update = {"seconds": 0.0, "tokens": 0, "computed_tokens": 0, "micro_positions": 0}
     step, ppo = module.updater.step, module.ppo_config
 
     def timed_step(batch: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -171,6 +173,7 @@ def time_update(module: Any) -> dict[str, Any]:
             update["seconds"] += time.perf_counter() - start
             mask = batch["attention_mask"]
             update["tokens"] += int(mask.sum()) * ppo.epochs
+            update["computed_tokens"] += computed_tokens(batch) * ppo.epochs
             rows = -(-mask.shape[0] // ppo.minibatches)
             if ppo.micro_batch_size is not None:
                 rows = min(rows, ppo.micro_batch_size)
@@ -179,6 +182,15 @@ def time_update(module: Any) -> dict[str, Any]:
 
     module.updater.step = timed_step
     return update
+
+
+def computed_tokens(batch: dict[str, Any]) -> int:
+    """The batch's tokens with each distinct prompt (the tokens before a row's first
+    generated one) counted once."""
+    lengths = batch["attention_mask"].sum(1).tolist()
+    prompts = (batch["loss_mask"] > 0).int().argmax(1).tolist()
+    distinct = {tuple(ids[:p]): p for ids, p in zip(batch["input_ids"].tolist(), prompts)}
+    return sum(n - p for n, p in zip(lengths, prompts)) + sum(distinct.values())
 
 
 def matmul_flops(rows: int, width: int, min_seconds: float = 1.0) -> float:

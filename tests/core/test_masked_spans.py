@@ -144,7 +144,8 @@ def check_unchanged(config: dict, batch: dict, meta, row: int, pos: int, length:
 
 def check_losses(before: dict, after: dict, row: int, pos: int, length: int, width: int) -> None:
     g = torch.Generator().manual_seed(0)
-    delta = torch.randn(before["logprobs"].shape, generator=g) * 0.1
+    # (current log-probs below the old ones: log-probs stay <= 0, as PPOLoss requires)
+    delta = -(torch.randn(before["logprobs"].shape, generator=g) * 0.1).abs()
     grown_delta = insert_masked_span({"values": delta}, row, pos, length, fill=5.0)["values"]
     for mode in LOSS_AGG_MODES:
         for level in ("token", "sequence"):
