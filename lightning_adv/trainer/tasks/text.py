@@ -47,8 +47,7 @@ def addition_record(rng: random.Random, max_operand: int = 9) -> dict[str, str]:
 def sum_record(rng: random.Random, low: int = 10, high: int = 99) -> dict[str, Any]:
     """Two-number addition for a chat model: the question as a user message and the start
     of the answer as an assistant message the model continues (``"27 + 82 ="``), so the
-    reply is the number; ``answer`` is the sum. With ``low=10, high=99`` an untrained
-    SmolLM2-135M-Instruct answers about 15% of them (``docs/benchmarks/real-model.md``)."""
+    reply is the number; ``answer`` is the sum (``docs/guides/real-model.md``)."""
     a, b = rng.randint(low, high), rng.randint(low, high)
     return {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"},
                        {"role": "assistant", "content": f"{a} + {b} ="}],
