@@ -39,6 +39,13 @@ from lightning_adv import AdvantageModule, concat_batch
 from lightning_adv.recipes import recipe
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # (the pins live in the tests' support package)
+    sys.path.insert(0, str(ROOT))
+
+if str(ROOT / "scripts") not in sys.path:  # (the table writer beside this script)
+    sys.path.insert(0, str(ROOT / "scripts"))
+from marked_tables import replace_marked, table_command  # noqa: E402
+
 PROMPTS, SAMPLES = 16, 8
 MIN_LEN, MAX_LEN = 8, 48
 
@@ -138,7 +145,6 @@ def _outcome_tokens(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
 def verl_core_algos() -> Any:
     """verl's released ``core_algos`` (the pinned verl 0.9.1 file, its sha256 checked
     against the pin the tests use): the verl columns run verl's own estimators."""
-    sys.path.insert(0, str(ROOT))  # (the pins live in the tests' support package)
     from tests.support.peers import INSTALL, VERL_CORE_ALGOS, file_sha256
 
     name, sha256 = VERL_CORE_ALGOS
@@ -316,23 +322,9 @@ BEGIN, END = "<!-- recipe-differences:begin -->\n", "\n<!-- recipe-differences:e
 
 
 def replace_table(text: str, table: str) -> str:
-    """``text`` with the table between its recipe-differences markers replaced."""
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"no {BEGIN.strip()} ... {END.strip()} markers in the page")
-    return text[:text.index(BEGIN) + len(BEGIN)] + table + text[text.index(END):]
+    """``text`` with the table between this script's markers replaced."""
+    return replace_marked(text, BEGIN, END, table)
 
 
 if __name__ == "__main__":
-    import argparse
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--page", type=Path, help="write the table into this page's markers")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    table = markdown()
-    if args.page is None:
-        print(table)
-    else:
-        args.page.write_text(replace_table(args.page.read_text(), table))
-        print(f"wrote {args.page}")
+    table_command(markdown, BEGIN, END, __doc__.split("\n\n")[0])

@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the sampler is the tests' (package ``tests`` of this checkout)
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+
+if str(ROOT / "scripts") not in sys.path:  # (the table writer beside this script)
+    sys.path.insert(0, str(ROOT / "scripts"))
+from marked_tables import replace_marked, table_command  # noqa: E402
 
 from lightning_adv import AdvantageModule  # noqa: E402
 from lightning_adv.recipes import recipe  # noqa: E402
@@ -71,22 +74,9 @@ def markdown() -> str:
 
 
 def replace_table(text: str, table: str) -> str:
-    """``text`` with the table between its turn-estimators markers replaced."""
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"no {BEGIN.strip()} ... {END.strip()} markers in the page")
-    return text[:text.index(BEGIN) + len(BEGIN)] + table + text[text.index(END):]
+    """``text`` with the table between this script's markers replaced."""
+    return replace_marked(text, BEGIN, END, table)
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--page", type=Path, help="write the table into this page's markers")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    table = markdown()
-    if args.page is None:
-        print(table)
-    else:
-        args.page.write_text(replace_table(args.page.read_text(), table))
-        print(f"wrote {args.page}")
+    table_command(markdown, BEGIN, END, __doc__.split("\n\n")[0])
