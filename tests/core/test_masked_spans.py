@@ -157,7 +157,9 @@ def check_losses(before: dict, after: dict, row: int, pos: int, length: int, wid
                 values[name] = loss(old + d, old, out["advantages"], out["loss_mask"],
                                     values=out["returns"] + d, old_values=out["returns"],
                                     returns=out["returns"])["loss"]
-            torch.testing.assert_close(values["after"], values["before"], rtol=1e-5, atol=1e-6,
+            # atol as for the per-token checks above: the inputs agree to float32 rounding
+            # (~1e-7 a token), and a token-sum loss (x10 here) adds up tens of them
+            torch.testing.assert_close(values["after"], values["before"], rtol=1e-5, atol=1e-5,
                                        msg=lambda m: f"{mode} {level}: {m}")
 
 
