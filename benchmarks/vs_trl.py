@@ -132,7 +132,7 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
         return groups
 
     module.rollout = counting_rollout
-    update = time_update(module)
+    update, generation = time_update(module), time_generation(module)
     first = module.runtime.instance(training_order(len(module.runtime.task.records),
                                                    s["seed"])[0])[1]
     timer = LoopTimer(pl.Callback)
@@ -150,9 +150,11 @@ def run_ours(settings: dict[str, Any], out: Path) -> dict[str, Any]:
     if s.get("matmul"):  # the reference matmul, in this process and thread
         update["matmul_flops"] = matmul_flops(update["micro_positions"],
                                               model.config.hidden_size)
+        generation["decode_step_seconds"] = decode_step_seconds(
+            model, generation["rows"], len(first), s["max_new_tokens"])
     return {"steps": module.rollout_step, "seconds": timer.seconds, "tokens": counts["tokens"],
             "rewards": list(module.reward_history), "model": str(out / "hf_model"),
-            "first_prompt": list(first), "update": update}
+            "first_prompt": list(first), "update": update, "generation": generation}
 
 
 def time_update(module: Any) -> dict[str, Any]:
@@ -207,6 +209,54 @@ def matmul_flops(rows: int, width: int, min_seconds: float = 1.0) -> float:
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
             return 2 * max(rows, 1) * width * width * done / elapsed
+
+
+def time_generation(module: Any) -> dict[str, Any]:
+    """Time the policy's ``generate`` (sampling alone: the prompts' forward and every new
+    token's, without scoring or the update) inside the training loop: ``seconds``,
+    ``calls`` and ``rows`` (the largest batch of sampled rows)."""
+    timed = {"seconds": 0.0, "calls": 0, "rows": 0}
+    generate = module.policy.generate
+
+    def timed_generate(runtime: Any, request: Any, gen: Any) -> Any:
+        start = time.perf_counter()
+        groups = generate(runtime, request, gen)
+        timed["seconds"] += time.perf_counter() - start
+        timed["calls"] += 1
+        timed["rows"] = max(timed["rows"], sum(len(group) for group in groups))
+        return groups
+
+    module.policy.generate = timed_generate
+    return timed
+
+
+def decode_step_seconds(model: Any, rows: int, context: int, new_tokens: int,
+                        min_seconds: float = 2.0) -> float:
+    """Seconds of one forward of one new token for each of ``rows`` sequences, with a KV
+    cache of ``context`` to ``context + new_tokens`` tokens (what each step of batched
+    generation computes; no sampling): the prompts' forward, then ``new_tokens`` one-token
+    forwards, timed alone, repeated for ``min_seconds``; the mean over the one-token steps."""
+    import torch
+
+    vocab, was_training = model.config.vocab_size, model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(0)
+    steps, seconds = 0, 0.0
+    with torch.no_grad():
+        while seconds < min_seconds or steps <= new_tokens:  # (the first round warms up)
+            out = model(torch.randint(vocab, (rows, context), generator=generator),
+                        use_cache=True, logits_to_keep=1)
+            cache, round_seconds = out.cache, 0.0
+            for _ in range(new_tokens):
+                token = torch.randint(vocab, (rows, 1), generator=generator)
+                start = time.perf_counter()
+                cache = model(token, cache=cache, use_cache=True, logits_to_keep=1).cache
+                round_seconds += time.perf_counter() - start
+            if steps:
+                seconds += round_seconds
+            steps += new_tokens
+    model.train(was_training)
+    return seconds / (steps - new_tokens)
 
 
 def LoopTimer(base: type) -> Any:  # noqa: N802 -- builds a callback class of either trainer

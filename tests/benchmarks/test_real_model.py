@@ -34,6 +34,36 @@ def test_real_model_rejects_bad_arguments_by_name():
     assert run.returncode == 2 and "--lora-rank must be at least 1" in run.stderr
 
 
+def test_the_benchmark_runs_the_settings_of_the_shipped_configs():
+    """The page's runs stand for ``configs/smollm2_grpo.yaml`` (and its LoRA overlay): the
+    script's defaults are those configs' settings."""
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import real_model
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    args = real_model.build_parser().parse_args([])
+    config = yaml.safe_load((REPO / "configs" / "smollm2_grpo.yaml").read_text())
+    lora = yaml.safe_load((REPO / "configs" / "smollm2_grpo_lora.yaml").read_text())
+    model, ppo = config["model"], config["model"]["ppo"]
+    assert args.steps == config["trainer"]["limit_train_batches"]
+    assert (args.prompts_per_step, args.samples, args.max_new_tokens, args.lr) == (
+        ppo["prompts_per_step"], ppo["n_samples"], ppo["max_new_tokens"], ppo["lr"])
+    assert (ppo["temperature"], ppo["epochs"], ppo["minibatches"], ppo["loss_agg_mode"],
+            model["actor"]["kl_ctl"]) == (1.0, 1, 1, "token-mean", 0.0)
+    assert model["actor"]["reward_norm"]["eps"] == 1e-4  # (run_ours's, TRL's)
+    assert model["policy"]["pretrained"] == real_model.MODEL
+    assert model["task"]["reward"] == real_model.REWARD
+    assert model["task"]["dataset"] == str(real_model.DATASET.relative_to(REPO))
+    assert 2 * model["evaluation"]["num_prompts"] == real_model.RESERVED
+    assert lora["model"]["policy"]["lora"]["alpha"] == args.lora_alpha
+    assert lora["model"]["ppo"]["lr"] == 10 * args.lr  # the script's default LoRA lr
+
+
 @pytest.mark.slow
 def test_real_model_trains_both_trainers_and_lora_and_writes_page_and_json(tmp_path):
     """One step of this project (full and rank-1 LoRA) and of TRL's released GRPOTrainer on
@@ -73,7 +103,16 @@ def test_real_model_trains_both_trainers_and_lora_and_writes_page_and_json(tmp_p
         assert run["generated_tokens"] > 0 and run["peak_rss_mib"] > 0
         assert run["wall_minutes"] > run["training_loop_minutes"] > 0
         assert ("update" in run) == (name != "trl"), name
+        assert ("generation" in run) == (name != "trl"), name
+    for name in ("lightning_adv fit", "lightning_adv fit, LoRA"):  # generation's ceiling
+        assert re.search(rf"^\| {re.escape(name)} \| 1 \| [\d.]+ \| \d+ \| [\d.]+ \| 4 \| "
+                         rf"[\d.]+ \| [\d.]+ \| [\d.]+ \|$", text, re.M), name
     full, lora = data["runs"]["lightning_adv"][0], data["runs"]["lightning_adv_lora"][0]
+    generation = full["generation"]
+    assert generation["rows"] == 4 and generation["calls"] == 1
+    assert generation["one_token_forward_tokens_per_second"] > 0
+    assert generation["tokens_per_second"] == pytest.approx(
+        full["generated_tokens"] / generation["seconds"])
     assert full["update"]["trainable_parameters"] == full["update"]["parameters"] > 1e8
     assert 0 < lora["update"]["trainable_parameters"] < 1e6
     assert full["update"]["achieved_flops"] > 0 and full["update"]["matmul_flops"] > 0
