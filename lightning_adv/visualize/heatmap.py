@@ -6,7 +6,8 @@ a cell holding its text, coloured by its advantage on a diverging colour map cen
 colour bar). Tokens the policy did not generate (a multi-turn environment's replies) are
 grey, and a black bar marks the start of each later policy turn. With ``process_rewards``
 a strip under each line shows them, with ``values`` another shows the critic's values,
-each on its own centred scale and colour bar. Long responses wrap.
+and ``strips`` adds the token entropy, the log importance weight and the rejection mask
+of off-policy training, each on its own scale and colour bar. Long responses wrap.
 
 It returns a :class:`Heatmap`: the matplotlib figure, the rendered RGB image (for
 ``SummaryWriter.add_image`` or a ``log_image``-style logger) and where each token's cell
@@ -16,21 +17,23 @@ is in that image. Drawing needs matplotlib (``pip install 'lightning_adv[plot]'`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
 from torch import Tensor
 
 from lightning_adv._checks import check_int, check_number, fail
-from lightning_adv.visualize.heatmap_data import Heatmap, Response, RowInputs
+from lightning_adv.visualize.heatmap_data import (
+    NAMED_STRIPS, QUANTITIES, Heatmap, Response, RowInputs)
 
 PLOT_EXTRA = "pip install 'lightning_adv[plot]'"
 
 
 def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mask: Any, *,
                       labels: Optional[Sequence[str]] = None, process_rewards: Any = None,
-                      values: Any = None, turn_ids: Any = None, title: Optional[str] = None,
+                      values: Any = None, turn_ids: Any = None,
+                      strips: Optional[Mapping[str, Any]] = None, title: Optional[str] = None,
                       limit: Optional[float] = None, width: int = 64, max_tokens: int = 256,
                       dpi: int = 100) -> Heatmap:
     """Draw responses token by token, coloured by advantage.
@@ -50,6 +53,10 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
         values: per row, the critic's value of the state each token was chosen in: a strip.
         turn_ids: per row, the policy turn of each generated token (-1 elsewhere): a bar
             marks each turn's start (without it, each generated run after a non-generated one).
+        strips: more strips by name, each per row per token: ``"entropy"`` (the policy's
+            entropy where the token was sampled, on ``[0, largest]``), ``"log IS weight"``
+            (``log pi_old - log pi_rollout`` of an off-policy token, centred at 0) and
+            ``"rejected"`` (1 where rollout rejection masked the token out, on ``[0, 1]``).
         title: the line above the image.
         limit: the advantage colour scale, ``[-limit, limit]`` (default: the largest
             absolute advantage shown; beyond it colours saturate).
@@ -68,16 +75,23 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
     if limit is not None:
         check_number("advantage_heatmap limit", limit, positive=True)
     responses = read_responses(RowInputs(tokens, advantages, loss_mask, labels,
-                                         process_rewards, values, turn_ids), max_tokens)
+                                         process_rewards, values, turn_ids, strips), max_tokens)
     try:
         from lightning_adv.visualize.heatmap_drawing import draw
     except ImportError as exc:
         raise ImportError(f"advantage_heatmap needs matplotlib ({PLOT_EXTRA}): {exc}") from exc
-    scales = {"advantage": limit if limit is not None else _largest(responses, None)}
-    for name in ("process reward", "value"):
+    largest = limit if limit is not None else _largest(responses, None)
+    scales = {"advantage": (-largest, largest)}
+    for name, quantity in QUANTITIES.items():
         if any(name in r.strips for r in responses):
-            scales[name] = _largest(responses, name)
+            scales[name] = _scale(quantity.scale, _largest(responses, name))
     return draw(responses, scales, title, width, dpi)
+
+
+def _scale(kind: str, largest: float) -> tuple[float, float]:
+    """The colour scale (low, high) of a quantity of scale ``kind`` (:class:`Quantity`)."""
+    return {"signed": (-largest, largest), "magnitude": (0.0, largest),
+            "unit": (0.0, 1.0)}[kind]
 
 
 def read_responses(given: RowInputs, max_tokens: int) -> list[Response]:
@@ -98,19 +112,42 @@ def read_responses(given: RowInputs, max_tokens: int) -> list[Response]:
         fail("advantage_heatmap labels", f"one string per row ({len(rows)})", labels)
     advs = per_row("advantages", given.advantages, lengths)
     mask = [[v != 0 for v in row] for row in per_row("loss_mask", given.loss_mask, lengths)]
-    strips = {name: per_row(name.replace(" ", "_") + "s", x, lengths)
-              for name, x in (("process reward", given.process_rewards), ("value", given.values))
-              if x is not None}
+    given_strips = {"process reward": given.process_rewards, "value": given.values,
+                    **named_strips(given.strips)}
+    strips = {name: per_row(argument_name(name), x, lengths)
+              for name, x in given_strips.items() if x is not None}
     turns = per_row("turn_ids", turn_ids, lengths) if turn_ids is not None else None
     out = []
     for b, row in enumerate(rows):
-        _check_finite(b, mask[b], {"advantages": advs[b], **{k + "s": v[b] for k, v in strips.items()}})
+        _check_finite(b, mask[b], {"advantages": advs[b],
+                                   **{argument_name(k): v[b] for k, v in strips.items()}})
         first = mask[b].index(True) if True in mask[b] else len(row)
         shown = list(range(first, min(len(row), first + max_tokens)))
         out.append(Response(str(labels[b]), row, advs[b], mask[b], shown,
                             len(row) - first - len(shown), {k: v[b] for k, v in strips.items()},
                             _turn_starts(mask[b], turns[b] if turns else None, shown)))
     return out
+
+
+def argument_name(strip: str) -> str:
+    """How errors name a strip's argument."""
+    if strip in NAMED_STRIPS:
+        return f"strips[{strip!r}]"
+    return strip.replace(" ", "_") + "s"
+
+
+def named_strips(given: Any) -> dict[str, Any]:
+    """``strips`` checked: a mapping of :data:`NAMED_STRIPS` names to per-row numbers
+    (None entries dropped), in the drawing's order."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        fail("advantage_heatmap strips", f"a mapping of strip names {list(NAMED_STRIPS)} "
+             "to per-row numbers", type(given).__name__)
+    unknown = sorted(str(k) for k in given if k not in NAMED_STRIPS)
+    if unknown:
+        fail("advantage_heatmap strips", f"names among {list(NAMED_STRIPS)}", unknown)
+    return {name: given[name] for name in NAMED_STRIPS if given.get(name) is not None}
 
 
 def per_row(name: str, x: Any, lengths: list[int]) -> list[list[float]]:

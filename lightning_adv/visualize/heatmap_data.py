@@ -9,8 +9,32 @@ from typing import Any
 
 import numpy as np
 
-#: the colour map of each quantity (matplotlib names); each is centred at 0
-COLOR_MAPS = {"advantage": "RdBu", "process reward": "PiYG", "value": "BrBG"}
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """How one per-token quantity is drawn: the short name beside its strip, its colour map
+    (a matplotlib name) and its scale: ``"signed"`` ``[-m, m]`` centred at 0 (a sign
+    matters), ``"magnitude"`` ``[0, m]`` (never negative), ``"unit"`` ``[0, 1]`` (a flag);
+    ``m`` the largest absolute value shown."""
+
+    short: str
+    colour_map: str
+    scale: str
+
+
+#: every quantity a heatmap draws: the advantage (the cells), then the strips in this order
+QUANTITIES = {
+    "advantage": Quantity("adv", "RdBu", "signed"),
+    "process reward": Quantity("prm", "PiYG", "signed"),
+    "value": Quantity("value", "BrBG", "signed"),
+    "entropy": Quantity("ent", "viridis", "magnitude"),
+    "log IS weight": Quantity("log w", "PuOr", "signed"),
+    "rejected": Quantity("rej", "Greys", "unit"),
+}
+#: the strips given by name (``advantage_heatmap(strips=...)``); process rewards and values
+#: have arguments of their own
+NAMED_STRIPS = ("entropy", "log IS weight", "rejected")
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,7 @@ class RowInputs:
     process_rewards: Any = None
     values: Any = None
     turn_ids: Any = None
+    strips: Any = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from lightning_adv.visualize.heatmap_data import COLOR_MAPS, Heatmap, Response, TokenCell
+from lightning_adv.visualize.heatmap_data import QUANTITIES, Heatmap, Response, TokenCell
 
 CHAR = 0.07            # inches per character unit (DejaVu Sans Mono at 8 pt advances 0.067)
 TOKEN_H = 0.24         # a line of token cells
@@ -38,7 +38,6 @@ BAR_W, BAR_GAP = 0.13, 0.85
 MAX_TOKEN_CHARS = 12
 MIN_WIDTH = 32          # characters: room for the labels
 ENVIRONMENT = (0.82, 0.82, 0.82)
-STRIP_NAMES = {"advantage": "adv", "process reward": "prm", "value": "value"}
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
@@ -84,10 +83,10 @@ def place(response: Response, width: int) -> list[Placed]:
     return placed
 
 
-def draw(responses: list[Response], scales: dict[str, float], title: str | None,
-         width: int, dpi: int) -> Heatmap:
+def draw(responses: list[Response], scales: dict[str, tuple[float, float]],
+         title: str | None, width: int, dpi: int) -> Heatmap:
     """The figure of ``responses`` wrapped at ``width`` characters, each quantity of
-    ``scales`` on ``[-scale, scale]``."""
+    ``scales`` (its name -> the ends of its colour scale)."""
     strips = [name for name in scales if name != "advantage"]
     line_h = TOKEN_H + STRIP_H * len(strips) + LINE_GAP
     layouts = [place(r, width) for r in responses]
@@ -108,8 +107,8 @@ def draw(responses: list[Response], scales: dict[str, float], title: str | None,
     ax.set_xlim(0, width)
     ax.set_ylim(content_h, 0)  # y in inches, down
     ax.set_axis_off()
-    norms = {name: Normalize(-limit, limit) for name, limit in scales.items()}
-    maps = {name: colormaps[COLOR_MAPS[name]] for name in scales}
+    norms = {name: Normalize(low, high) for name, (low, high) in scales.items()}
+    maps = {name: colormaps[QUANTITIES[name].colour_map] for name in scales}
     colouring = Colouring(tuple(strips), norms, maps, line_h)
     drawn: list[tuple[int, Placed, float]] = []
     patches = Patches()
@@ -134,7 +133,7 @@ def draw(responses: list[Response], scales: dict[str, float], title: str | None,
         canvas.draw()
     image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
     boxes = tuple(_cell_box(ax, b, cell, y, image.shape[0]) for b, cell, y in drawn)
-    return Heatmap(figure=fig, image=image, limit=scales["advantage"], cells=boxes)
+    return Heatmap(figure=fig, image=image, limit=scales["advantage"][1], cells=boxes)
 
 
 class Patches:
@@ -167,7 +166,7 @@ def _draw_response(ax, patches: Patches, colouring: Colouring, response: Respons
     for line in lines:
         y = top + LABEL_H + line * line_h
         for k, name in enumerate(strips):
-            ax.text(-0.4, y + TOKEN_H + STRIP_H * (k + 0.8), STRIP_NAMES[name], fontsize=5.5,
+            ax.text(-0.4, y + TOKEN_H + STRIP_H * (k + 0.8), QUANTITIES[name].short, fontsize=5.5,
                     ha="right", color="0.3", parse_math=False)
     for cell in cells:
         y = top + LABEL_H + cell.line * line_h

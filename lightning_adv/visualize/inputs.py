@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_adv._checks import fail
+from lightning_adv.losses.rollout_correction import rollout_correction
 
 
 def token_aligned(x: Tensor) -> Tensor:
@@ -32,14 +33,19 @@ def token_aligned(x: Tensor) -> Tensor:
 
 def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
                    token_text: Callable[[int], str], rows: Optional[Sequence[int]] = None, *,
-                   advantages_key: str = "advantages") -> dict[str, Any]:
+                   advantages_key: str = "advantages",
+                   correction: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The keyword arguments of :func:`~lightning_adv.visualize.advantage_heatmap` for the
     ``rows`` (default: all) of a SPEC §1 rollout ``batch`` and the ``AdvantageModule``
     output ``out``: each row's token texts (``token_text(id)``, up to its last real token),
     the advantages ``out[advantages_key]`` (``"unnormalized_advantages"`` for the
     estimator's before normalization) and the critic's ``values`` moved to the token
     convention, the generated-token mask, and the batch's ``token_rewards`` (process
-    rewards) and ``turn_ids`` when it has them."""
+    rewards) and ``turn_ids`` when it has them. Strips by name (:func:`off_policy_strips`):
+    the batch's ``entropies`` (next-token aligned, as ``logprobs``) when it has them; with
+    ``out["rollout_logprobs"]`` (a decoupled off-policy batch) each token's log importance
+    weight, and with a ``correction`` (a ``RolloutCorrectionConfig``'s ``kwargs()``) that
+    rejects, the tokens its rejection masks out."""
     for key in ("input_ids", "attention_mask", "loss_mask"):
         if not isinstance(batch.get(key), Tensor):
             fail(f"heatmap_inputs batch[{key!r}]", "a [B, T] tensor (the rollout batch)",
@@ -71,4 +77,29 @@ def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
         inputs["values"] = token_aligned(pick(batch["values"]).float())
     if isinstance(batch.get("turn_ids"), Tensor):
         inputs["turn_ids"] = pick(batch["turn_ids"]).long()
+    strips = off_policy_strips(out, correction)
+    if isinstance(batch.get("entropies"), Tensor):
+        strips["entropy"] = batch["entropies"]
+    if strips:
+        inputs["strips"] = {name: token_aligned(pick(x).float()) for name, x in strips.items()}
     return inputs
+
+
+def off_policy_strips(out: Mapping[str, Any], correction: Optional[Mapping[str, Any]]
+                      ) -> dict[str, Tensor]:
+    """Next-token-aligned ``[B, T]`` strips of a decoupled off-policy ``out`` (one with
+    ``rollout_logprobs``; none otherwise): ``"log IS weight"``, ``log pi_old - log
+    pi_rollout`` at loss-mask positions (0 elsewhere), before any truncation; and with a
+    ``correction`` that rejects (``rollout_rs``), ``"rejected"``: 1 at the loss-mask
+    positions :func:`~lightning_adv.losses.rollout_correction.rollout_correction` masks
+    out, as the loss will."""
+    if not isinstance(out.get("rollout_logprobs"), Tensor):
+        return {}
+    active = out["loss_mask"] > 0
+    strips = {"log IS weight": torch.where(
+        active, out["logprobs"].double() - out["rollout_logprobs"].double(), 0.0)}
+    if correction is not None and correction.get("rollout_rs") is not None:
+        kept = rollout_correction(out["logprobs"], out["rollout_logprobs"], out["loss_mask"],
+                                  **correction).loss_mask
+        strips["rejected"] = (active & ~(kept > 0)).double()
+    return strips

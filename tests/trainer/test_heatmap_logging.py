@@ -81,6 +81,20 @@ def test_process_rewards_get_their_strip_and_a_config_without_adv_norm_no_raw_im
         assert image.shape[0] < 260, image.shape
 
 
+def test_a_decoupled_off_policy_fit_draws_the_importance_weights_and_the_rejections(tmp_path):
+    # async_grpo: sampled by a bf16 copy 4 steps behind, pi_old recomputed (decoupled);
+    # token_k2 rejection at a threshold low enough that some tokens are rejected
+    fit("async_grpo", tmp_path, "--trainer.limit_train_batches=6",
+        "--model.sample_log.every_n_steps=5", "--model.sample_log.heatmap_groups=2",
+        "--model.ppo.rollout_correction.rollout_rs=token_k2",
+        "--model.ppo.rollout_correction.rollout_rs_threshold=0.0001")
+    logged, _ = images(tmp_path / "async_grpo" / "version_0")
+    (step, image), = [(s, i) for s, i in logged["train/advantage_heatmap"] if s == 5]
+    assert has_colour(image, map_end("PuOr", 0.0)), "log IS weight bar"
+    assert has_colour(image, map_end("Greys", 1.0)), "rejection bar"
+    assert not has_colour(image, map_end("viridis", 0.0)), "no entropy in this batch"
+
+
 def episode(reward):
     return Episode(index=0, instance=None, tokens=[], generated=[], logprobs=[], turn_ids=[],
                    turns=[], reward=reward)

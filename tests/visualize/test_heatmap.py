@@ -101,6 +101,93 @@ def test_strips_show_process_rewards_and_values_under_each_token():
     assert heatmap.image.shape[1] > without.image.shape[1]  # two more colour bars
 
 
+def strip_pixels_below(heatmap, position, height=60):
+    cell = next(c for c in heatmap.cells if c.position == position).box
+    return heatmap.image[cell[3] + 2: cell[3] + height, (cell[0] + cell[2]) // 2]
+
+
+def holds(pixels, rgb):
+    return any(np.abs(p - np.array(rgb)).max() <= 3 for p in pixels)
+
+
+def ends(name):
+    return [np.array(colormaps[name](x)[:3]) * 255 for x in (0.0, 1.0)]
+
+
+def test_named_strips_show_entropy_importance_weight_and_rejection_on_their_scales():
+    tokens = [["<bos>", "a", "b"]]
+    heatmap = advantage_heatmap(
+        tokens, [[0, 1.0, -1.0]], [[0, 1, 1]],
+        strips={"entropy": [[0, 0.0, 2.5]], "log IS weight": [[0, 0.4, -0.4]],
+                "rejected": [[0, 0.0, 1.0]]})
+    low_entropy, high_entropy = ends("viridis")    # entropy on [0, 2.5]
+    below_old, above_old = ends("PuOr")           # log w on [-0.4, 0.4]
+    kept, rejected = ends("Greys")                # the flag on [0, 1]
+    first, second = strip_pixels_below(heatmap, 1), strip_pixels_below(heatmap, 2)
+    assert holds(first, low_entropy) and holds(second, high_entropy)
+    assert holds(first, above_old) and holds(second, below_old)
+    assert holds(first, kept) and holds(second, rejected)
+    assert not holds(first, rejected) and not holds(second, low_entropy)
+    # the strips are drawn in one order whatever the mapping's: entropy, log w, rejected
+    rows = [y for y, p in enumerate(first) if np.abs(p - low_entropy).max() <= 3]
+    rows_w = [y for y, p in enumerate(first) if np.abs(p - above_old).max() <= 3]
+    rows_r = [y for y, p in enumerate(first) if np.abs(p - kept).max() <= 3]
+    assert max(rows) < min(rows_w) and max(rows_w) < min(rows_r)
+    without = advantage_heatmap(tokens, [[0, 1.0, -1.0]], [[0, 1, 1]])
+    assert heatmap.image.shape[1] > without.image.shape[1]  # three more colour bars
+
+
+@pytest.mark.parametrize("strips, message", [
+    ({"entropies": [[0, 1.0]]}, r"advantage_heatmap strips: expected names among "
+                                r"\['entropy', 'log IS weight', 'rejected'\], got \['entropies'\]"),
+    ([[0, 1.0]], r"advantage_heatmap strips: expected a mapping of strip names"),
+    ({"entropy": [[0, float("inf")]]}, r"advantage_heatmap strips\['entropy'\]\[0\]: expected "
+                                       r"finite numbers at generated tokens"),
+    ({"rejected": [[0]]}, r"advantage_heatmap strips\['rejected'\]\[0\]: expected at least one "
+                          r"entry per token \(2\)"),
+])
+def test_bad_named_strips_get_one_clear_error(strips, message):
+    with pytest.raises(ValueError, match=message):
+        advantage_heatmap([["a", "b"]], [[0.0, 1.0]], [[0, 1]], strips=strips)
+
+
+def test_off_policy_strips_are_the_log_weights_and_the_rejections_the_loss_will_apply():
+    from lightning_adv.losses.rollout_correction import rollout_correction
+    from lightning_adv.visualize.inputs import off_policy_strips
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
+    old = -torch.rand(2, 5, generator=g)
+    rollout = (old - 0.3 * torch.randn(2, 5, generator=g)).clamp(max=0.0)
+    out = {"loss_mask": mask, "logprobs": old, "rollout_logprobs": rollout}
+    assert off_policy_strips({"loss_mask": mask, "logprobs": old}, None) == {}  # on-policy
+    strips = off_policy_strips(out, None)
+    assert list(strips) == ["log IS weight"]
+    expected = torch.where(mask > 0, old.double() - rollout.double(), 0.0)
+    assert torch.equal(strips["log IS weight"], expected)
+    correction = {"rollout_rs": "token_k2", "rollout_rs_threshold": 0.02}
+    strips = off_policy_strips(out, correction)
+    kept = rollout_correction(old, rollout, mask, **correction).loss_mask
+    rejected = strips["rejected"]
+    assert 0 < rejected.sum() < mask.sum()  # some tokens rejected, not all
+    assert torch.equal(rejected, ((mask > 0) & (kept == 0)).double())
+    # by hand: token_k2 rejects where (log w)^2 / 2 > 0.02, i.e. |log w| > 0.2
+    assert torch.equal(rejected > 0, (mask > 0) & (expected.abs() > 0.2))
+    assert torch.equal(out["logprobs"], old) and torch.equal(out["loss_mask"], mask)
+
+
+def test_the_batch_entropies_become_a_token_aligned_strip():
+    ids = torch.tensor([[1, 5, 6, 7]])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+             "loss_mask": torch.tensor([[0, 0, 1, 1]]),
+             "entropies": torch.tensor([[0.0, 1.5, 0.5, 0.0]])}  # next-token aligned
+    out = {"advantages": torch.zeros(1, 4)}
+    inputs = heatmap_inputs(batch, out, str)
+    assert torch.equal(inputs["strips"]["entropy"], torch.tensor([[0.0, 0.0, 1.5, 0.5]]))
+    assert "strips" not in heatmap_inputs({k: v for k, v in batch.items() if k != "entropies"},
+                                          out, str)
+
+
 def test_long_responses_wrap_onto_lines_of_cells_that_do_not_overlap():
     text = list("the quick brown fox jumps over the lazy dog") * 2
     heatmap = advantage_heatmap([["<bos>"] + text], [[0.0] + [0.1 * (i % 5 - 2) for i in range(len(text))]],

@@ -3,7 +3,9 @@ training steps and at each validation:
 
 - ``train/advantage_heatmap``: a few responses of the step, token by token, coloured by
   the advantage they were trained with (:func:`~lightning_adv.visualize.advantage_heatmap`),
-  with the critic's values and the process rewards as strips when the run has them;
+  with the critic's values and the process rewards as strips when the run has them, the
+  token entropy when the batch carries it, and in decoupled off-policy runs each token's
+  log importance weight (and, with rollout rejection, the rejected tokens);
   ``sample_log.heatmap_groups`` prompt groups (those whose rewards differ first: a group
   of equal rewards has nothing to compare), ``sample_log.heatmap_responses`` responses each;
 - ``train/advantage_heatmap_raw``: the same responses coloured by the estimator's
@@ -117,10 +119,13 @@ class HeatmapLog:
     def draw_and_log(self, module: Any, stage: str, batch: dict[str, Any], out: dict[str, Any],
                      rows: list[int], labels: list[str], step: Optional[int] = None) -> None:
         step = module.rollout_step if step is None else step
+        correction = module.ppo_config.rollout_correction
+        correction = None if correction is None else correction.kwargs()
         for key, suffix in ADVANTAGE_KEYS.items():
             if key not in out:
                 continue
-            inputs = heatmap_inputs(batch, out, self.token_text, rows, advantages_key=key)
+            inputs = heatmap_inputs(batch, out, self.token_text, rows, advantages_key=key,
+                                    correction=correction)
             tag = f"{stage}/advantage_heatmap{suffix}"
             heatmap = advantage_heatmap(**inputs, labels=labels,
                                         title=f"{tag} · step {step} · {TITLES[key]}")
