@@ -92,7 +92,7 @@ def steps_of(inputs: TemporalInputs, where: str, step_ids: Optional[Tensor] = No
     mask = inputs.loss_mask
     ids, key = (inputs.turn_ids, "turn_ids") if step_ids is None else (step_ids, "step_ids")
     if ids is not None:
-        with turn_id_errors(f"{where}: rollout batch '{key}' (shifted one step left)"):
+        with turn_id_errors(f"{where}: rollout batch '{key}' (shifted one step left)", key):
             validate_turn_ids(mask.bool(), ids)
     slots = turn_slots(mask, ids)
     rewards = inputs.outcome_rewards.double()

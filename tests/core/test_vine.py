@@ -165,19 +165,19 @@ def test_turn_rewards_are_step_rewards():
 
 
 def test_an_episode_split_over_rows_is_one_episode():
-    # One episode p g e g | g (its last turn in a second row, one logical rollout): the
-    # value after row 0's last step is row 1's first; the same as the episode in one row.
+    # One episode p g e g | g (its last turn in a second row, one logical rollout whose
+    # outcome is the second row's reward): the value after row 0's last step is row 1's
+    # first; the advantages are those of the episode in one row.
     whole = rows_batch(["pgegeg"], [1.0], turn_ids=[[-1, 0, -1, 1, -1, 2]],
                        mc_returns=torch.tensor([[[0.1], [0.4], [0.3]]]))
-    split = rows_batch(["pgeg", "pg.."], [1.0, 1.0], turn_ids=[[-1, 0, -1, 1], [-1, 0, -1, -1]],
+    split = rows_batch(["pgeg", "pg.."], [0.0, 1.0], turn_ids=[[-1, 0, -1, 1], [-1, 0, -1, -1]],
                        mc_returns=torch.tensor([[[0.1], [0.4]], [[0.3], [NAN]]]),
                        rollout_group=RolloutGroup((2,), rewards=(1.0,)))
     one = run(vine(), *concat_batch([whole]))["advantages"][0]
     two = run(vine(), *concat_batch([split]))["advantages"]
-    # the split episode's outcome lands in both rows' last steps: each row reads it
+    # A_0 = 0.4 - 0.1, A_1 = 0.3 - 0.4, A_2 = 1 - 0.3
     assert one.tolist() == pytest.approx([0.3, 0.0, -0.1, 0.0, 0.7, 0.0])
-    assert [two[0, 0].item(), two[0, 2].item()] == pytest.approx([0.3, 1.0 + 0.3 - 0.4])
-    assert two[1, 0].item() == pytest.approx(0.7)
+    assert [two[0, 0].item(), two[0, 2].item(), two[1, 0].item()] == pytest.approx([0.3, -0.1, 0.7])
 
 
 def test_unestimated_steps_pass_their_successor_back_with_skip_unestimated():
