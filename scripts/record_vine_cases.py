@@ -108,7 +108,8 @@ def trajectory(rng: random.Random, n_steps: int, score: float) -> dict:
     query = "Q" * rng.randint(2, 5)
     # Steps of 4 or more characters and tokens of at most 4: a token may cross a step's
     # end, yet every step has a token that starts in it (a batch has no empty steps).
-    steps = ["".join(rng.choice("abcdef") for _ in range(rng.randint(4, 9))) for _ in range(n_steps)]
+    steps = ["".join(rng.choice("abcdef") for _ in range(rng.randint(4, 9)))
+             for _ in range(n_steps)]
     response = "".join(steps)
     indices = [0]
     for step in steps:
@@ -156,7 +157,8 @@ def episode(cls, rng: random.Random, max_step: int | None) -> dict:
     token_advantages = cls._compute_token_advantages(me, filled)
     return {"step_rewards": traj["step_rewards"], "mc_returns": returns,
             "values": filled["values"], "step_advantages": step_advantages,
-            "token_steps": token_steps(traj), "token_advantages": [float(a) for a in token_advantages]}
+            "token_steps": token_steps(traj),
+            "token_advantages": [float(a) for a in token_advantages]}
 
 
 def main() -> None:
