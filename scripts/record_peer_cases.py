@@ -41,7 +41,8 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "peer_cases"
 # ---------------------------------------------------------------------------- imports
 
 class _Anything:
-    """What a stand-in module hands out for any name: callable, subclassable."""
+    """What a stand-in module hands out for any name: callable, subclassable,
+    subscriptable."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -50,6 +51,9 @@ class _Anything:
         return _Anything()
 
     def __getattr__(self, name):
+        return _Anything()
+
+    def __getitem__(self, key):   # a stand-in generic in an annotation: Lazy[Strategy]
         return _Anything()
 
     def __mro_entries__(self, bases):
@@ -99,10 +103,10 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write(name: str, peer: dict, cases: list[dict], note: str) -> None:
+def write(name: str, peer: dict, cases: list[dict], note: str,
+          recorded_by: str = "scripts/record_peer_cases.py") -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    data = {"peer": peer, "recorded_by": "scripts/record_peer_cases.py", "note": note,
-            "cases": cases}
+    data = {"peer": peer, "recorded_by": recorded_by, "note": note, "cases": cases}
     path = OUT / f"{name}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path} ({len(cases)} cases)")

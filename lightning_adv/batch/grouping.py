@@ -16,6 +16,9 @@ ROLLOUT_GROUP_KEY = "rollout_group"
 #: 2-D keys with one row per sample that are not token tensors (``rewards`` may be
 #: ``[rows, K]``, one column per reward function): concatenated, never padded or trimmed.
 ROW_KEYS = frozenset({"rewards"})
+#: ``[rows, S, K]`` keys with one slot per step of a row (``mc_returns``, NaN where there is
+#: no continuation): padded with NaN to the most steps and continuations, never trimmed.
+STEP_KEYS = frozenset({"mc_returns"})
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,19 @@ def _pad_width(x: torch.Tensor, width: int) -> torch.Tensor:
     return out
 
 
+def _pad_steps(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[rows, S, K]`` tensors padded with NaN (no continuation) to the most step slots
+    and continuations among them (new tensors)."""
+    slots = max(v.shape[1] for v in values)
+    width = max(v.shape[2] for v in values)
+    padded = []
+    for v in values:
+        out = v.new_full((v.shape[0], slots, width), float("nan"))
+        out[:, : v.shape[1], : v.shape[2]] = v
+        padded.append(out)
+    return padded
+
+
 def concat_batch(trajs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], BatchMeta]:
     """Concatenate per-prompt dicts into one right-padded batch and its complete metadata.
 
@@ -301,6 +317,8 @@ def _concat_values(key: str, values: list[Any], sizes: list[int], width: int) ->
                              f"rows, but its attention_mask has {sizes[i]}")
     if first.ndim == 0:
         return first.clone()
+    if key in STEP_KEYS and first.ndim == 3 and first.is_floating_point():
+        return torch.cat(_pad_steps(values), dim=0)
     if first.ndim >= 2 and key not in ROW_KEYS:
         # A tensor wider than the prompts keeps its extra width, so the module can
         # report the shape mismatch instead of silently losing columns.
@@ -323,7 +341,7 @@ def split_batch(batch: Mapping[str, Any], meta: BatchMeta) -> list[dict[str, Any
         for key, value in batch.items():
             if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n_rows:
                 part = value[lo:hi]
-                if value.ndim >= 2 and seqlens is not None and key not in ROW_KEYS:
+                if value.ndim >= 2 and seqlens is not None and key not in ROW_KEYS | STEP_KEYS:
                     part = part[:, : seqlens[i]]
                 traj[key] = part.clone()
             elif isinstance(value, list) and len(value) == n_rows:

@@ -26,9 +26,9 @@ from lightning_adv.stages.registry import STAGES
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
                     "turn_rewards", "mopd_teacher_logp_sum")
-#: Integer [B, T] keys, token-aligned: the turn of each generated token, and the anchor
-#: state it was generated from (GiGPO's step groups).
-TOKEN_ID_KEYS = ("turn_ids", "anchor_state_ids")
+#: Integer [B, T] keys, token-aligned: the turn of each generated token, the anchor
+#: state it was generated from (GiGPO's step groups), its reasoning step (``vine``).
+TOKEN_ID_KEYS = ("turn_ids", "anchor_state_ids", "step_ids")
 MASK_KEYS = ("attention_mask", "loss_mask")
 #: Log-probabilities: at most 0 (plus :data:`LOGP_TOLERANCE`) where they are read.
 LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
@@ -46,6 +46,7 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               # read by some stages (register_stage(requires=...)), or written
                               "reward_baselines", "sum_pi_squared", "rollout_is_weights",
                               "anchor_state_ids", "turn_rewards", "unscorable",
+                              "step_ids", "mc_returns",
                               # off-policy: the sampler's log-probs, the version that sampled
                               "rollout_logprobs", "policy_version")
 #: How alike a key must be to a known key to count as a misspelling of it
@@ -177,6 +178,26 @@ def _check_rewards(rewards: Any, bs: int, device: torch.device) -> None:
         _check_finite("rewards", rewards)
 
 
+def _check_mc_returns(returns: Any, bs: int, device: torch.device) -> None:
+    """``[B, S, K]`` floats: K continuation returns from the state before each of a row's S
+    steps (``vine``). NaN marks a continuation that is not there; which slots must hold
+    numbers depends on the steps, checked by the stage."""
+    layout = f"a float tensor of shape [{bs}, S, K] (K returns per step slot, NaN where none)"
+    if not isinstance(returns, Tensor) or returns.ndim != 3 or returns.shape[0] != bs:
+        _fail("mc_returns", layout, _shape(returns))
+    if returns.shape[1] < 1 or returns.shape[2] < 1:
+        _fail("mc_returns", f"{layout}, S and K at least 1", list(returns.shape))
+    if not returns.is_floating_point():
+        _fail("mc_returns", layout, returns.dtype)
+    if returns.device != device:
+        _fail("mc_returns", f"a tensor on {device} (input_ids' device)", returns.device)
+    infinite = torch.isinf(returns)
+    if bool(infinite.any()):
+        index = tuple(infinite.nonzero()[0].tolist())
+        _fail("mc_returns", "finite returns or NaN", f"{int(infinite.sum())} infinite entries "
+              f"(first at {index}: {returns[index].item()})")
+
+
 def _truncation(truncated: Any, seqlens: Optional[Tensor], bs: int, width: int,
                 device: torch.device) -> Optional[Tensor]:
     """[B] bool: the explicit ``is_truncated`` (checked), else the legacy ``seqlen == T``
@@ -223,6 +244,8 @@ def validate_batch(batch: Any, meta: Optional[BatchMeta],
             _check_token_tensor(key, batch[key], bs, width, device)
     seqlens, aligned_loss_mask = _check_values(batch, config)
     _check_rewards(batch["rewards"], bs, device)
+    if present(batch, "mc_returns"):
+        _check_mc_returns(batch["mc_returns"], bs, device)
     truncated = _truncation(batch.get("is_truncated"), seqlens, bs, width, device)
     _check_meta(meta, bs)
     _report_near_miss_keys(batch)

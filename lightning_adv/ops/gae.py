@@ -193,13 +193,14 @@ def compute_turn_gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, turn_id
 
 
 @contextlib.contextmanager
-def turn_id_errors(where: str) -> Iterator[None]:
+def turn_id_errors(where: str, key: str = "turn_ids") -> Iterator[None]:
     """At a caller's boundary: turn-id errors raised inside the block become one plain
-    ``ValueError`` naming ``where`` (the caller's stage and key)."""
+    ``ValueError`` naming ``where`` (the caller's stage and key); ``key``: the batch key
+    the ids came from, when they are not ``turn_ids`` (``step_ids`` follow the same rules)."""
     try:
         yield
     except TurnIdError as exc:
-        raise ValueError(f"{where}: {exc.detail}") from None
+        raise ValueError(f"{where}: {exc.detail.replace('turn_ids', key)}") from None
 
 
 @contextlib.contextmanager

@@ -43,10 +43,12 @@ SELECTORS: dict[str, str] = {
 }
 #: The modules that define the built-in stages (imported on the first lookup).
 BUILTIN_MODULES = ("lightning_adv.stages.outcome", "lightning_adv.stages.estimators",
-                   "lightning_adv.stages.turn_estimators", "lightning_adv.stages.process")
+                   "lightning_adv.stages.turn_estimators", "lightning_adv.stages.vine",
+                   "lightning_adv.stages.process")
 #: What a stage subtracts from the return: the critic's ``values``, a baseline over the
-#: prompt ``group``'s responses, or a ``greedy`` response's reward (None: no baseline).
-BASELINES = (None, "values", "group", "greedy")
+#: prompt ``group``'s responses, a ``greedy`` response's reward, or the ``monte_carlo`` mean
+#: return of continuations sampled from the same state (None: no baseline).
+BASELINES = (None, "values", "group", "greedy", "monte_carlo")
 TIMESTEP_UNITS = (None, "token", "turn")
 
 

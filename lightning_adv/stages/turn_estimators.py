@@ -21,6 +21,7 @@ advantage after the estimate, undiscounted, as in ``turn_gae``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -81,16 +82,19 @@ class Steps:
         return self.slots.spread(table).float()
 
 
-def steps_of(inputs: TemporalInputs, where: str) -> Steps:
-    """The steps of the batch, their rewards, episodes and prompt groups."""
+def steps_of(inputs: TemporalInputs, where: str, step_ids: Optional[Tensor] = None) -> Steps:
+    """The steps of the batch, their rewards, episodes and prompt groups. A step is a
+    policy turn, or with ``step_ids`` (aligned like ``turn_ids``, the same rules) the
+    generated tokens that share a step id."""
     if inputs.meta is None:
         raise ValueError(f"{where}: needs the prompt groups of meta; build the batch with "
                          f"concat_batch or pass a BatchMeta")
     mask = inputs.loss_mask
-    if inputs.turn_ids is not None:
-        with turn_id_errors(f"{where}: rollout batch 'turn_ids' (shifted one step left)"):
-            validate_turn_ids(mask.bool(), inputs.turn_ids)
-    slots = turn_slots(mask, inputs.turn_ids)
+    ids, key = (inputs.turn_ids, "turn_ids") if step_ids is None else (step_ids, "step_ids")
+    if ids is not None:
+        with turn_id_errors(f"{where}: rollout batch '{key}' (shifted one step left)", key):
+            validate_turn_ids(mask.bool(), ids)
+    slots = turn_slots(mask, ids)
     rewards = inputs.outcome_rewards.double()
     if inputs.process_rewards is not None:
         rewards = rewards + inputs.process_rewards.double()
@@ -118,8 +122,10 @@ def _cells(*keys: Tensor) -> tuple[Tensor, int]:
     return inverse, unique.shape[0]
 
 
-def _result(inputs: TemporalInputs, steps: Steps, advantages: Tensor,
-            returns: Tensor) -> TemporalResult:
+def result_on_tokens(inputs: TemporalInputs, steps: Steps, advantages: Tensor,
+                     returns: Tensor) -> TemporalResult:
+    """Per-step advantages and returns on the steps' tokens, the token KL penalty added to
+    the advantages only (undiscounted, as in ``turn_gae``)."""
     rewards = inputs.outcome_rewards
     if inputs.process_rewards is not None:
         rewards = rewards + inputs.process_rewards
@@ -152,7 +158,7 @@ def turn_rloo(inputs: TemporalInputs) -> TemporalResult:
     count = _sums(torch.ones_like(returns), cell, n_cells)[cell]
     baseline = torch.where(count > 1, (total - returns) / (count - 1).clamp(min=1), 0.0)
     baseline = torch.where(_shrunk(inputs, steps), returns, baseline)
-    return _result(inputs, steps, returns - baseline, returns)
+    return result_on_tokens(inputs, steps, returns - baseline, returns)
 
 
 @register_stage("estimator", replaces_critic=True, baseline="group", timestep_unit="turn",
@@ -180,7 +186,7 @@ def turn_index_norm(inputs: TemporalInputs, *, std_normalize: bool = False,
         centred = centred / (std[cell] + eps)
     advantages = steps.discounted_returns(centred, inputs.discount)
     returns = steps.discounted_returns(steps.reward, inputs.discount)
-    return _result(inputs, steps, advantages, returns)
+    return result_on_tokens(inputs, steps, advantages, returns)
 
 
 def _roll_normalized(values: Tensor, cell: Tensor, n_cells: int, std_normalize: bool,
@@ -246,4 +252,4 @@ def gigpo(inputs: TemporalInputs, *, episode_weight: float = 1.0, step_weight: f
     cell, n_cells = _cells(steps.group, states)
     step_adv = _roll_normalized(returns, cell, n_cells, std_normalize, eps)
     advantages = episode_weight * episode_adv + step_weight * step_adv
-    return _result(inputs, steps, advantages, returns)
+    return result_on_tokens(inputs, steps, advantages, returns)

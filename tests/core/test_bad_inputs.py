@@ -381,6 +381,47 @@ CATALOGUE += [
 ]
 
 
+
+def _vine(batch, meta=True, **kwargs):
+    config = ActorConfig(kl_ctl=0.0, advantage={"estimator": {"implementation": "vine",
+                                                              "kwargs": kwargs}})
+
+    def run():
+        return AdvantageModule(config)(*(concat_batch([batch]) if meta else (batch, None)))
+    return run
+
+
+ONE_STEP_EACH = torch.tensor([[[0.5]], [[0.5]]])
+STEP_IDS = [[-1, 0, 1, -1], [-1, 0, 1, 2]]
+
+# The vine estimator's Monte Carlo returns and step ids (docs/guides/step-credit.md).
+CATALOGUE += [
+    Bad("vine-without-mc-returns", _vine(good()), ValueError,
+        ("estimator 'vine'", "no 'mc_returns'", "[B, S, K]")),
+    Bad("mc-returns-not-3d", _vine(good(mc_returns=torch.zeros(2, 3)), meta=False), ValueError,
+        ("'mc_returns'", "shape [2, S, K]", "[2, 3]")),
+    Bad("mc-returns-integer", _vine(good(mc_returns=torch.zeros(2, 1, 1, dtype=torch.long))),
+        ValueError, ("'mc_returns'", "float tensor", "torch.int64")),
+    Bad("mc-returns-inf", _vine(good(mc_returns=torch.tensor([[[math.inf]], [[0.5]]]))), ValueError,
+        ("'mc_returns'", "finite returns or NaN", "(0, 0, 0)")),
+    Bad("mc-returns-too-few-step-slots", _vine(good(step_ids=STEP_IDS, mc_returns=torch.zeros(2, 2, 1))),
+        ValueError, ("'mc_returns'", "at least 3 step slots", "rows [1]", "[2, 2, 1]")),
+    Bad("mc-returns-past-last-step", _vine(good(mc_returns=torch.zeros(2, 2, 1))), ValueError,
+        ("'mc_returns'", "NaN in the slots past each row's last step", "rows [0, 1]")),
+    Bad("mc-returns-step-without-return", _vine(good(mc_returns=torch.tensor([[[0.5]], [[math.nan]]]))),
+        ValueError, ("'mc_returns'", "at least one finite return for every step", "rows [1]",
+                     "skip_unestimated")),
+    Bad("step-ids-decreasing", _vine(good(step_ids=[[-1, 1, 0, -1], [-1, 0, 0, 0]],
+                                          mc_returns=ONE_STEP_EACH)), ValueError,
+        ("estimator 'vine'", "'step_ids' (shifted one step left): step_ids at active", "non-decreasing")),
+    Bad("step-ids-fractional", _vine(good(step_ids=[[-1, 0.5, 0, -1], [-1, 0, 0, 0]],
+                                          mc_returns=ONE_STEP_EACH)), ValueError,
+        ("'step_ids'", "integer values")),
+    Bad("config-vine-skip-not-bool", lambda: ActorConfig(advantage={"estimator": {
+        "implementation": "vine", "kwargs": {"skip_unestimated": 1}}}), ValueError,
+        ("actor.advantage.estimator.kwargs.skip_unestimated",)),
+]
+
 def test_catalogue_has_at_least_forty_distinct_entries():
     ids = [b.id for b in CATALOGUE]
     assert len(ids) == len(set(ids)) and len(ids) >= 40

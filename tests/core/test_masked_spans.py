@@ -48,6 +48,7 @@ CONFIGS = [(f"recipe {name}", {"recipe": name}, False) for name in RECIPES] + [
     ("turn_index_norm + std", {"kl_ctl": 0.0, **estimator("turn_index_norm", std_normalize=True)},
      False),
     ("gigpo mean_std", {"kl_ctl": 0.0, **estimator("gigpo", std_normalize=True)}, False),
+    ("vine", {"kl_ctl": 0.1, "discount": 0.9, **estimator("vine")}, False),
     ("otb without zero tail", {"kl_ctl": 0.0, **estimator("optimal_token_baseline",
                                                           handle_zero_tail=False)}, False),
     ("folded token rewards", {**PPO, "token_rewards_as_adv": False}, True),
@@ -83,9 +84,25 @@ def batch_of(seed: int, critic: bool, process_in_unit: bool) -> tuple[dict, obje
     batch["token_rewards"] = torch.where(batch["loss_mask"].bool(), per_turn, 0.0)
     batch["is_truncated"] = torch.rand(bs, generator=g) < 0.3
     batch["reward_baselines"] = torch.rand(bs, generator=g)
+    batch["mc_returns"] = mc_returns(episodes_of(groups), g)
     if not critic:
         del batch["values"]
-    return batch, meta, [ep for group in groups for ep in group]
+    return batch, meta, episodes_of(groups)
+
+
+def episodes_of(groups) -> list:
+    return [ep for group in groups for ep in group]
+
+
+def mc_returns(episodes, g: torch.Generator, k: int = 2) -> torch.Tensor:
+    """``[B, 3, k]`` random returns from the state before each turn (``vine``), NaN past a
+    row's last turn and for some continuations (fewer than k)."""
+    returns = torch.randn(len(episodes), 3, k, generator=g)
+    missing = torch.rand(returns.shape, generator=g) < 0.3
+    missing[:, :, 0] = False
+    turns = torch.tensor([len(ep.turns) for ep in episodes])
+    past = torch.arange(3)[None, :, None] >= turns[:, None, None]
+    return torch.where(missing | past, torch.nan, returns)
 
 
 def span_sites(episodes, seed: int, lengthen_only: bool) -> tuple[int, int, int]:

@@ -47,6 +47,18 @@ class TurnProblem:
         return {(k, a): q[k][a] - v[k] for k in range(len(self.q)) for a in ("continue", "stop")
                 if not (a == "continue" and k == len(self.q) - 1)}
 
+    def return_variances(self) -> list[float]:
+        """``Var(G_k)``: the variance of the discounted return from the state at turn k,
+        from the second moments ``M_k = p[k] E[(cost + gamma G_{k+1})^2] + (1 - p[k]) q[k]``
+        (an outcome is 0 or 1, so its square is itself)."""
+        v, _ = self.values()
+        m = [0.0] * len(self.q)
+        m[-1] = self.q[-1]
+        for k in reversed(range(len(self.q) - 1)):
+            call = self.cost ** 2 + 2 * self.cost * self.gamma * v[k + 1] + self.gamma ** 2 * m[k + 1]
+            m[k] = self.p[k] * call + (1 - self.p[k]) * self.q[k]
+        return [mk - vk * vk for mk, vk in zip(m, v)]
+
     def reach(self) -> list[float]:
         out, prob = [], 1.0
         for k in range(len(self.q)):
@@ -88,6 +100,26 @@ def sample(problem: TurnProblem, groups: int, size: int, seed: int) -> tuple[dic
     meta = BatchMeta(n_trajs=groups, traj_group_sizes=[size] * groups,
                      rollout_groups=[None] * groups)
     return batch, meta, {"turns": turns}
+
+
+def continuation_returns(problem: TurnProblem, start: torch.Tensor, k: int,
+                         generator: torch.Generator) -> torch.Tensor:
+    """``[N, k]`` float64: the discounted returns of ``k`` fresh continuations of the policy
+    from the state at turn ``start[n]`` (VinePPO's Monte Carlo rollouts from a step
+    boundary)."""
+    n = start.shape[0]
+    first = start[:, None].expand(n, k)
+    total = torch.zeros(n, k, dtype=torch.float64)
+    scale = torch.ones(n, k, dtype=torch.float64)
+    going = torch.ones(n, k, dtype=torch.bool)
+    for turn, (p, q) in enumerate(zip(problem.p, problem.q)):
+        calls = torch.rand(n, k, generator=generator) < p
+        outcome = (torch.rand(n, k, generator=generator) < q).double()
+        here = going & (first <= turn)
+        total += torch.where(here, scale * torch.where(calls, problem.cost, outcome), 0.0)
+        scale = torch.where(here, scale * problem.gamma, scale)
+        going &= ~(here & ~calls)
+    return total
 
 
 def per_turn_advantages(out: dict, turns: torch.Tensor) -> torch.Tensor:
