@@ -99,10 +99,10 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write(name: str, peer: dict, cases: list[dict], note: str) -> None:
+def write(name: str, peer: dict, cases: list[dict], note: str,
+          recorded_by: str = "scripts/record_peer_cases.py") -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    data = {"peer": peer, "recorded_by": "scripts/record_peer_cases.py", "note": note,
-            "cases": cases}
+    data = {"peer": peer, "recorded_by": recorded_by, "note": note, "cases": cases}
     path = OUT / f"{name}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path} ({len(cases)} cases)")
