@@ -100,50 +100,58 @@ def _numbered(pairs: Tensor) -> tuple[Tensor, int]:
     return inverse, unique.shape[0]
 
 
-def _node_name(local: Tensor, group: Tensor, node: int) -> str:
-    return f"node {int(local[node])} of prompt group {int(group[node])}"
+@dataclass(frozen=True)
+class _NodeNames:
+    """How errors name a node: its id as the batch gives it, and its prompt group."""
+
+    local: Tensor
+    group: Tensor
+
+    def __call__(self, node: int) -> str:
+        return f"node {int(self.local[node])} of prompt group {int(self.group[node])}"
 
 
-def _parents(paths: Tensor, global_paths: Tensor, row_tree: Tensor, group_of_node: Tensor,
-             local_of_node: Tensor, n_nodes: int, where: str) -> Tensor:
+def _parents(global_paths: Tensor, row_tree: Tensor, name: _NodeNames, n_nodes: int,
+             where: str) -> Tensor:
     """Each node's parent (-1 - tree for a root's child): the same in every row."""
     present = global_paths >= 0
     above = torch.cat([(-1 - row_tree)[:, None], global_paths[:, :-1]], dim=1)
     nodes, parents = global_paths[present], above[present]
-    low = torch.full((n_nodes,), n_nodes, dtype=torch.long, device=paths.device)
+    low = torch.full((n_nodes,), n_nodes, dtype=torch.long, device=global_paths.device)
     low = low.scatter_reduce(0, nodes, parents, "amin")
     high = torch.full_like(low, -n_nodes - 1).scatter_reduce(0, nodes, parents, "amax")
     if bool((low != high).any()):
         node = int((low != high).nonzero()[0])
         rows = (global_paths == node).any(dim=1)
-        _fail(where, f"expected each node to have one parent, got {_node_name(local_of_node, group_of_node, node)} "
+        _fail(where, f"expected each node to have one parent, got {name(node)} "
                      f"after different nodes (or in different trees) in rows {_rows(rows)}")
     return low
 
 
-def _check_leaves(global_paths: Tensor, lengths: Tensor, n_nodes: int, local: Tensor,
-                  group: Tensor, where: str) -> None:
+def _check_leaves(global_paths: Tensor, lengths: Tensor, n_nodes: int, name: _NodeNames,
+                  where: str) -> None:
     leaf = global_paths.gather(1, (lengths - 1)[:, None]).squeeze(1)
     ends = torch.zeros(n_nodes, dtype=torch.long, device=leaf.device).index_add_(
         0, leaf, torch.ones_like(leaf))
     if bool((ends > 1).any()):
         node = int((ends > 1).nonzero()[0])
         _fail(where, f"expected each row to end at its own leaf, got rows {_rows(leaf == node)} "
-                     f"all ending at {_node_name(local, group, node)}")
-    inner = global_paths[:, :-1][global_paths[:, 1:] >= 0]
+                     f"all ending at {name(node)}")
+    goes_on = global_paths[:, 1:] >= 0
+    inner = global_paths[:, :-1][goes_on]
     passed = torch.zeros(n_nodes, dtype=torch.bool, device=leaf.device)
     passed[inner] = True
     if bool(passed[leaf].any()):
         row = int(passed[leaf].nonzero()[0])
         node = int(leaf[row])
         _fail(where, f"expected each row to end at a leaf, got row {row} ending at "
-                     f"{_node_name(local, group, node)}, which rows "
-                     f"{_rows((global_paths[:, :-1] == node).any(dim=1))} continue past")
+                     f"{name(node)}, which rows "
+                     f"{_rows(((global_paths[:, :-1] == node) & goes_on).any(dim=1))} continue "
+                     f"past")
 
 
 def _check_shared_tokens(token_node: Tensor, run: Tensor, global_paths: Tensor,
-                         input_ids: Tensor, n_nodes: int, local: Tensor, group: Tensor,
-                         where: str) -> None:
+                         input_ids: Tensor, n_nodes: int, name: _NodeNames, where: str) -> None:
     """Rows passing a node hold the same tokens there (as many, and the same ids)."""
     active = run >= 0
     sizes = torch.zeros(global_paths.shape, dtype=torch.long, device=run.device).scatter_add_(
@@ -158,7 +166,7 @@ def _check_shared_tokens(token_node: Tensor, run: Tensor, global_paths: Tensor,
     if bool((shortest != longest).any()):
         node = int((shortest != longest).nonzero()[0])
         passing = (global_paths == node).any(dim=1)
-        _fail(where, f"expected rows passing {_node_name(local, group, node)} to hold the same "
+        _fail(where, f"expected rows passing {name(node)} to hold the same "
                      f"tokens there, got rows {_rows(passing)} with "
                      f"{sorted(set(sizes[global_paths == node].tolist()))} generated tokens of it")
     # each generated token's place in its node: tokens of the row so far minus those
@@ -173,7 +181,7 @@ def _check_shared_tokens(token_node: Tensor, run: Tensor, global_paths: Tensor,
     differ = active & (input_ids != table[token_node.clamp(min=0), offset])
     if bool(differ.any()):
         node = int(token_node[differ][0])
-        _fail(where, f"expected rows passing {_node_name(local, group, node)} to hold the same "
+        _fail(where, f"expected rows passing {name(node)} to hold the same "
                      f"tokens there, got different input_ids in rows "
                      f"{_rows((global_paths == node).any(dim=1))}")
 
@@ -216,10 +224,10 @@ def tree_paths(node_ids: Tensor, loss_mask: Tensor, input_ids: Tensor, row_group
     local_of_node = torch.zeros_like(group_of_node)
     local_of_node[numbered] = paths[present]
     _, n_trees = _numbered(row_tree[:, None])
-    parent = _parents(paths, global_paths, row_tree, group_of_node, local_of_node, n_nodes, where)
-    _check_leaves(global_paths, lengths, n_nodes, local_of_node, group_of_node, where)
+    name = _NodeNames(local_of_node, group_of_node)
+    parent = _parents(global_paths, row_tree, name, n_nodes, where)
+    _check_leaves(global_paths, lengths, n_nodes, name, where)
     token_node = torch.where(active, global_paths.gather(1, run.clamp(min=0)), -1)
-    _check_shared_tokens(token_node, run, global_paths, input_ids, n_nodes, local_of_node,
-                         group_of_node, where)
+    _check_shared_tokens(token_node, run, global_paths, input_ids, n_nodes, name, where)
     return TreePaths(global_paths, lengths, parent.clamp(min=-1), row_tree, token_node,
                      n_nodes, n_trees)

@@ -224,7 +224,8 @@ def test_one_registry_names_every_builtin():
                                    "group_mean_batch_std", "sequence_kl", "remax_baseline",
                                    "maxrl"},
         "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline",
-                      "tir_optimal_token_baseline", "turn_rloo", "turn_index_norm", "gigpo"},
+                      "tir_optimal_token_baseline", "turn_rloo", "turn_index_norm", "gigpo",
+                      "tree_grpo", "treepo"},
         "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
     }
     for family, names in expected.items():
