@@ -1,4 +1,4 @@
-"""Record the tree estimators of Tree-GRPO and TreePO on seeded random trees, as
+"""Record the tree estimators of Tree-GRPO, TreePO and TreeRL on seeded random trees, as
 ``scripts/record_peer_cases.py`` records ROLL's GiGPO: the peer's own source file, at a
 pinned commit, is imported from a checkout given on the command line and run; the
 inputs and outputs, with the file's path, commit and sha256, go to
@@ -9,6 +9,8 @@ repository.
     python scripts/record_tree_cases.py tree-grpo --source /path/to/Tree-GRPO --commit <hash>
     # a checkout of multimodal-art-projection/TreePO at the pinned commit
     python scripts/record_tree_cases.py treepo --source /path/to/TreePO --commit <hash>
+    # a checkout of THUDM/TreeRL at the pinned commit
+    python scripts/record_tree_cases.py treerl --source /path/to/TreeRL --commit <hash>
 
 A recorded case is a list of rows, one root-to-leaf path each: its prompt group, its tree
 (Tree-GRPO samples several trees per prompt), the ids of the nodes it passes (unique
@@ -17,15 +19,22 @@ Tree-GRPO's ``core_algos.py`` imports ``verl.utils.torch_functional``, which the
 functions never call: it is an empty stand-in. TreePO's function calls its vendored
 ``masked_whiten``: that module loads from the checkout (``verl/__init__`` skipped); it is
 recorded once as released and once with that whitening replaced by the identity.
+TreeRL's ``parallel_mcts.py`` imports its sampler's dependencies (stand-ins) and opens
+three API config files at import (empty ones, in a temporary directory).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
+import json
+import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +93,7 @@ def outcome_tensors(rows: list[dict]):
 def load_file(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # pydantic resolves the annotations through it
     spec.loader.exec_module(module)
     return module
 
@@ -146,9 +156,9 @@ def record_treepo(source: Path, commit: str) -> None:
                           for r in rows], dtype=object)
         strategy = ("group_size", "average")[seed % 2]
         skip = seed % 4 >= 2
-        run = lambda: algos.compute_tree_reinforce_plus_plus_baseline_outcome_advantage(  # noqa: E731
-            rewards.clone(), mask, index, remove_no_std_subgroup=skip,
-            adv_weight_strategy=strategy)[0]
+        estimator = algos.compute_tree_reinforce_plus_plus_baseline_outcome_advantage
+        run = lambda: estimator(rewards.clone(), mask, index,  # noqa: E731
+                                remove_no_std_subgroup=skip, adv_weight_strategy=strategy)[0]
         whitened = run()
         # the same call with the whitening its last line applies left out, to compare
         # the estimator apart from the whitening (the recipe's adv_norm whitens)
@@ -172,7 +182,87 @@ def record_treepo(source: Path, commit: str) -> None:
                  "with core_algos.verl_F.masked_whiten replaced by the identity", RECORDED_BY)
 
 
-RECORDERS = {"tree-grpo": record_tree_grpo, "treepo": record_treepo}
+TREERL_CONFIG_FILES = ("api_config_llama3.1_max_request_1.json", "api_qwen72_v6_rm.json",
+                       "api_extractor.json")
+TREERL_STAND_INS = ["Levenshtein", "vllm", "multiprocess", "openrlhf", "evaluation"]
+
+
+def load_treerl(source: Path):
+    """TreeRL's ``tree_node.py`` and ``parallel_mcts.py``. The latter reads three API
+    config files at import (for its reward servers, never used here): empty ones
+    (``{"ip": {}}``) in a temporary working directory."""
+    stand_in(TREERL_STAND_INS)
+    folder = source / "openrlhf" / "trainer" / "ppo_utils"
+    tree_node = load_file(folder / "tree_node.py", "treerl_tree_node")
+    here = Path.cwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        configs = Path(tmp) / "tools" / "api_configs"
+        configs.mkdir(parents=True)
+        for name in TREERL_CONFIG_FILES:
+            (configs / name).write_text(json.dumps({"ip": {}}))
+        os.chdir(tmp)
+        try:
+            mcts = load_file(folder / "parallel_mcts.py", "treerl_parallel_mcts")
+        finally:
+            os.chdir(here)
+    return tree_node, mcts
+
+
+def treerl_values(tree_node, mcts, rows: list[dict], norm: str, state_value: bool) -> list:
+    """TreeRL's per-node values of each row of one prompt group: its MCTSNode tree built
+    from the rows (the prompt the root, every leaf a trained path, as with
+    ``use_all_terminals``), ``leaf_normalize`` and ``gather_paths``."""
+    root = tree_node.MCTSNode(answer="", answer_token=[])
+    made, leaves = {}, []
+    for row in rows:
+        parent = root
+        for k, (node, length) in enumerate(zip(row["path"], row["lengths"])):
+            if node not in made:
+                leaf = k == len(row["path"]) - 1
+                made[node] = tree_node.MCTSNode(
+                    answer="", answer_token=[7] * length, parent=parent, depth=k + 1,
+                    terminal=leaf, R=row["reward"] if leaf else 0.0,
+                    main_chain=leaf and row["reward"] == 1.0)
+                parent.children.append(made[node])
+            parent = made[node]
+        leaves.append(parent)
+    with contextlib.redirect_stdout(io.StringIO()):   # both print as they go
+        tree_node.leaf_normalize(leaves, root, False, norm, False)
+        paths = mcts.gather_paths(root, leaves, len(leaves), use_state_value_reward=state_value)
+    return [[step["value"] for step in path] for path in paths]
+
+
+def record_treerl(source: Path, commit: str) -> None:
+    tree_node, mcts = load_treerl(source)
+    folder = "openrlhf/trainer/ppo_utils/"
+    settings = [("token", True), ("step", True), ("token", False), ("none", True)]
+    cases = []
+    for seed in range(12):
+        rng = random.Random(200 + seed)
+        rows = [r for r in random_case(rng, trees_per_group=1)]
+        groups = sorted({r["group"] for r in rows})
+        if any(sum(r["group"] == g for r in rows) < 2 for g in groups):
+            continue   # TreeRL's leave-one-out asserts two leaves or more
+        norm, state_value = settings[len(cases) % len(settings)]
+        values = [v for g in groups for v in treerl_values(
+            tree_node, mcts, [r for r in rows if r["group"] == g], norm, state_value)]
+        cases.append({"seed": 200 + seed, "overall_norm_style": norm,
+                      "use_state_value_reward": state_value, "rows": rows, "values": values})
+    write("treerl", {"name": "TreeRL", "repository": "THUDM/TreeRL", "commit": commit,
+                     "file": folder + "tree_node.py",
+                     "sha256": sha256(source / folder / "tree_node.py"),
+                     "file_2": folder + "parallel_mcts.py",
+                     "sha256_2": sha256(source / folder / "parallel_mcts.py"),
+                     "function": "tree_node.leaf_normalize (average_one_generation=False, "
+                                 "inner_repetition_penalty=False) then parallel_mcts.gather_paths "
+                                 "over every leaf",
+                     "stand_ins": TREERL_STAND_INS,
+                     "stand_in_files": [f"tools/api_configs/{n}" for n in TREERL_CONFIG_FILES]},
+          cases, "values[row][k]: gather_paths' 'value' of the row's k-th node (every token of "
+                 "the node)", RECORDED_BY)
+
+
+RECORDERS = {"tree-grpo": record_tree_grpo, "treepo": record_treepo, "treerl": record_treerl}
 
 
 def main() -> None:

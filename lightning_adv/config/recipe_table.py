@@ -40,6 +40,7 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | gigpo | turn k: episode-level group advantage + anchor-state group advantage of G_k | Feng et al., 2025, GiGPO, arXiv:2505.10978 (ROLL) |
 | tree_grpo | (r_i - mean_g r) / (std_g r + eps) + the same over the row's tree | Ji et al., 2025, Tree-GRPO, arXiv:2509.21240 |
 | treepo | whiten_batch(size-weighted mean of r_i - mean over g and over each subtree of the row) | Li et al., 2025, TreePO, arXiv:2508.17445 |
+| treerl | tokens of node n: V(n) - V(parent) + V(n), V = mean leave-one-out reward below n - its token mean | Hou et al., 2025, TreeRL, ACL 2025 |
 
 GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the
 loss, which is the trainer's business, not a reward penalty.
@@ -106,6 +107,8 @@ RECIPES: dict[str, dict[str, Any]] = {
                   "advantage": {"estimator": {"implementation": "tree_grpo"}}},
     "treepo": {**_CRITIC_FREE, "reward_clip": math.inf, "adv_norm": dict(_BATCH_WHITENING),
                "advantage": {"estimator": {"implementation": "treepo"}}},
+    "treerl": {**_CRITIC_FREE, "reward_clip": math.inf,
+               "advantage": {"estimator": {"implementation": "treerl"}}},
 }
 
 
@@ -149,4 +152,6 @@ SUMMARIES: dict[str, str] = {
         "Tree-GRPO: the row reward normalized within its prompt group plus within its tree (Ji et al., 2025, arXiv:2509.21240; adv_estimator tree).",
     "treepo":
         "TreePO: the row reward minus the mean of its prompt group and of each subtree it passes, weighted by size, whitened over the batch (Li et al., 2025, arXiv:2508.17445).",
+    "treerl":
+        "TreeRL: each node's tokens get its value's change from its parent's plus its value, values the mean leave-one-out leaf reward below (Hou et al., ACL 2025).",
 }

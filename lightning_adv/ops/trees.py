@@ -46,6 +46,8 @@ class TreePaths:
     """[B] long: each row's tree, numbered over the batch"""
     token_node: Tensor
     """[B, T] long, token-aligned: the node of each generated token, -1 elsewhere"""
+    token_depth: Tensor
+    """[B, T] long, token-aligned: the depth of that node on the row, -1 elsewhere"""
     n_nodes: int
     n_trees: int
 
@@ -229,5 +231,5 @@ def tree_paths(node_ids: Tensor, loss_mask: Tensor, input_ids: Tensor, row_group
     _check_leaves(global_paths, lengths, n_nodes, name, where)
     token_node = torch.where(active, global_paths.gather(1, run.clamp(min=0)), -1)
     _check_shared_tokens(token_node, run, global_paths, input_ids, n_nodes, name, where)
-    return TreePaths(global_paths, lengths, parent.clamp(min=-1), row_tree, token_node,
+    return TreePaths(global_paths, lengths, parent.clamp(min=-1), row_tree, token_node, run,
                      n_nodes, n_trees)

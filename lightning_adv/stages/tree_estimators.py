@@ -12,6 +12,8 @@ advantage after the estimate, as in the turn estimators.
   and within the row's tree (intra-tree), summed or applied one after the other.
 - ``treepo``: TreePO's baselines at every depth: the prompt group's mean and the mean
   of each subtree the row passes, combined by subtree size or averaged.
+- ``treerl``: TreeRL's node values (the mean leave-one-out leaf reward below a node),
+  each node's tokens credited with its value's change from its parent's, plus its value.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightning_adv.stages.types import TemporalInputs, TemporalResult
 
 _TREE_GRPO_COMBINE = ("sum", "sequential", "per_token")
 _TREEPO_WEIGHTING = ("group_size", "average")
+_TREERL_NORM = ("token", "step", "none")
 
 
 def _choice(choices: tuple):
@@ -209,4 +212,84 @@ def treepo(inputs: TemporalInputs, *, weighting: str = "group_size",
         advantages = (terms * sizes).sum(dim=1) / sizes.sum(dim=1)
     else:
         advantages = terms.sum(dim=1) / (sizes > 0).sum(dim=1)
+    return tree_result(inputs, row_group, advantages, rewards)
+
+
+def _treerl_values(rewards: Tensor, paths: TreePaths, row_group: Tensor, tokens: Tensor,
+                   norm: str) -> tuple[Tensor, Tensor]:
+    """Each node's value ``V = mean of r' below it - m`` and each group's root value,
+    ``r'`` the leave-one-out leaf rewards and ``m`` the group's mean of ``r'`` over its
+    nodes' tokens (``token``), over its nodes and root (``step``), or 0 (``none``)."""
+    n_groups = int(row_group.max()) + 1
+    count = _sums(torch.ones_like(rewards), row_group, n_groups)
+    total = _sums(rewards, row_group, n_groups)
+    centred = rewards - (total[row_group] - rewards) / (count[row_group] - 1).clamp(min=1)
+    present = paths.paths >= 0
+    nodes = paths.paths[present]
+    below = _sums(centred[:, None].expand_as(paths.paths)[present], nodes, paths.n_nodes)
+    leaves = _sums(torch.ones_like(below)[nodes], nodes, paths.n_nodes)
+    if norm == "none":
+        mean = torch.zeros_like(total)
+    else:   # a row's weight: its tokens, or its nodes plus the root (which TreeRL counts)
+        weights = tokens if norm == "token" else (paths.lengths + 1).double()
+        mean = _sums(centred * weights, row_group, n_groups) / _sums(weights, row_group, n_groups)
+    node_group = torch.zeros(paths.n_nodes, dtype=torch.long, device=rewards.device)
+    node_group[nodes] = row_group[:, None].expand_as(paths.paths)[present]
+    values = below / leaves.clamp(min=1) - mean[node_group]
+    return values, _sums(centred, row_group, n_groups) / count - mean
+
+
+def _treerl_credit(values: Tensor, root: Tensor, paths: TreePaths, row_group: Tensor,
+                   state_value: bool) -> Tensor:
+    """[B, D] each node's credit on each row: ``V(node) - V(parent)``, where that is
+    below 1e-8 in size (below the first node) the credit of the node before it, then
+    ``+ V(node)`` with ``state_value``."""
+    present = paths.paths >= 0
+    own = torch.where(present, values[paths.paths.clamp(min=0)], 0.0)
+    above = torch.cat([root[row_group][:, None], own[:, :-1]], dim=1)
+    credit = own - above
+    for depth in range(1, credit.shape[1]):   # TreeRL's fill_in_paths, node by node
+        inherit = present[:, depth] & (credit[:, depth].abs() < 1e-8)
+        credit[:, depth] = torch.where(inherit, credit[:, depth - 1], credit[:, depth])
+    if state_value:
+        credit = credit + own
+    return torch.where(present, credit, 0.0)
+
+
+@register_stage("estimator", requires=("tree_node_ids",), replaces_critic=True,
+                baseline="group", timestep_unit="token",
+                kwarg_checks={"overall_norm": _choice(_TREERL_NORM), "state_value": check_bool})
+def treerl(inputs: TemporalInputs, *, overall_norm: str = "token",
+           state_value: bool = True) -> TemporalResult:
+    """TreeRL (Hou et al., ACL 2025, "TreeRL: LLM Reinforcement Learning with On-Policy
+    Tree Search"), as its released ``leaf_normalize``
+    and ``gather_paths`` compute it over every leaf (``use_all_terminals``).
+
+    Leaf rewards are made leave-one-out, ``r'_i = r_i - mean of the other rows of the
+    prompt group``; a node's value is ``V(n) = mean of r' over the rows through n - m``,
+    ``m`` the group's mean of ``r'`` weighted by each row's generated tokens
+    (``overall_norm: token``, theirs by default), by its nodes plus the root (``step``),
+    or 0 (``none``); the root's value is ``mean r' - m``. Every token of node n on a row
+    gets ``V(n) - V(parent)`` (where that is below 1e-8 in size, below the row's first
+    node, the previous node's credit instead, as TreeRL's ``fill_in_paths``), plus
+    ``V(n)`` with ``state_value`` (their ``use_state_value_reward``). One prompt group is
+    one tree (``tree_ids`` is not read); a group of one row is an error, unless
+    exclusion of unscorable rows shrank it to one (advantage 0).
+    """
+    where = "estimator 'treerl'"
+    paths, row_group = tree_rows(inputs, where)
+    counts = torch.bincount(row_group)
+    single = (counts < 2) & ~torch.tensor(inputs.meta.shrunk_to_one, dtype=torch.bool,
+                                          device=counts.device)
+    if bool(single.any()):
+        groups = single.nonzero().flatten().tolist()[:10]
+        raise ValueError(f"{where}: TreeRL's leave-one-out leaf rewards need two or more rows per "
+                         f"prompt group; groups {groups} have one")
+    rewards = row_rewards(inputs)
+    tokens = (paths.token_depth >= 0).sum(dim=1).double()
+    values, root = _treerl_values(rewards, paths, row_group, tokens, overall_norm)
+    credit = _treerl_credit(values, root, paths, row_group, state_value)
+    # the credit of each position's next token's node (next-token alignment)
+    depth = torch.roll(paths.token_depth, -1, dims=1)
+    advantages = torch.where(depth >= 0, credit.gather(1, depth.clamp(min=0)), 0.0)
     return tree_result(inputs, row_group, advantages, rewards)

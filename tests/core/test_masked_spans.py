@@ -55,6 +55,8 @@ CONFIGS = [(f"recipe {name}", {"recipe": name}, False) for name in RECIPES] + [
     ("treepo average, constant subtrees skipped",
      {"kl_ctl": 0.0, **estimator("treepo", weighting="average", skip_constant_subtrees=True)},
      False),
+    ("treerl step, no state value",
+     {"kl_ctl": 0.0, **estimator("treerl", overall_norm="step", state_value=False)}, False),
     ("otb without zero tail", {"kl_ctl": 0.0, **estimator("optimal_token_baseline",
                                                           handle_zero_tail=False)}, False),
     ("folded token rewards", {**PPO, "token_rewards_as_adv": False}, True),

@@ -26,13 +26,13 @@ def fails(batch_and_meta, match: str, name: str = "tree_grpo") -> None:
 GOOD = [row([0, 1], reward=1.0), row([0, 2], reward=0.0), row([3], reward=0.5)]
 
 
-@pytest.mark.parametrize("name", ["tree_grpo", "treepo"])
+@pytest.mark.parametrize("name", ["tree_grpo", "treepo", "treerl"])
 def test_a_good_tree_passes(name):
     out = AdvantageModule(recipe(name))(*tree_batch(GOOD, spans=True))
     assert torch.isfinite(out["advantages"]).all()
 
 
-@pytest.mark.parametrize("name", ["tree_grpo", "treepo"])
+@pytest.mark.parametrize("name", ["tree_grpo", "treepo", "treerl"])
 def test_missing_node_ids_name_the_key(name):
     batch, meta = tree_batch(GOOD)
     del batch["tree_node_ids"]
@@ -139,3 +139,9 @@ def test_a_rollout_split_over_rows():
     batch = {**batch, "rollout_group": RolloutGroup((2,))}
     fails(concat_batch([batch]), r"estimator 'tree_grpo': each row is one root-to-leaf path, "
           r"and these logical rollouts split over several rows \(prompts \[0\]\)")
+
+
+def test_treerl_needs_two_rows_per_group():
+    fails(tree_batch([row([0, 1]), row([0, 2]), row([0], group=1)]), r"estimator 'treerl': "
+          r"TreeRL's leave-one-out leaf rewards need two or more rows per prompt group; groups "
+          r"\[1\] have one", "treerl")

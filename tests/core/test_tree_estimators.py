@@ -18,7 +18,12 @@ TREE_GRPO = ("verl/trainer/ppo/core_algos.py",
              "6d62c3a6c20e3621c9cddef1a5ab7252867489aa44028274304124bc37813363")
 TREEPO = ("verl/trainer/ppo/core_algos.py",
           "39310413ef8e188bbeb12f79838b9637aab59a1429cdb13fc82c7f7481f89aa6")
+TREERL = ("openrlhf/trainer/ppo_utils/tree_node.py",
+          "66d8373785d1fe7b6ef1e0bada25296bcefa4eda6358b704440a2ab5da09f88d")
+TREERL_MCTS = ("openrlhf/trainer/ppo_utils/parallel_mcts.py",
+               "f1e2c5f286ebe8b9aadd88f059637cf4892dca6b3e207a5db723691276f18f86")
 TREE_GRPO_COMMIT = "90b170995d996d772d68117e0c7bd0b8fe00d393"
+TREERL_COMMIT = "f0edbea6f2f6392c46d297f83fb4929a9524266e"
 TREEPO_COMMIT = "f05552394e734ea2838cf9e3b8191f5093319dcf"
 #: The largest difference between the ``treepo`` recipe (whitening ``(x - mean) / (std +
 #: 1e-5)``) and TreePO's released output (``(x - mean) / sqrt(var + 1e-8)``) over the
@@ -83,6 +88,30 @@ def test_treepo_recipe_differs_from_treepo_code_only_by_the_whitening_eps(case):
     assert difference < WHITENING_BOUND
 
 
+def treerl_cases() -> list[dict]:
+    data = recorded_cases("peer_cases/treerl.json", source=TREERL[0], sha256=TREERL[1])
+    assert data["peer"]["commit"] == TREERL_COMMIT
+    assert (data["peer"]["file_2"], data["peer"]["sha256_2"]) == TREERL_MCTS
+    return data["cases"]
+
+
+def treerl(case: dict):
+    kwargs = {"overall_norm": case["overall_norm_style"],
+              "state_value": case["use_state_value_reward"]}
+    return recipe("treerl", advantage={"estimator": {"implementation": "treerl",
+                                                     "kwargs": kwargs}})
+
+
+@pytest.mark.parametrize("spans", [False, True])
+@pytest.mark.parametrize("case", range(8))
+def test_treerl_equals_treerl_code(case, spans):
+    recorded = treerl_cases()[case]
+    got = token_advantages(run(treerl(recorded), recorded["rows"], spans=spans, tree_ids=False))
+    for row, got_row, want in zip(recorded["rows"], got, recorded["values"], strict=True):
+        per_token = [v for v, n in zip(want, row["lengths"]) for _ in range(n)]
+        assert got_row == pytest.approx(per_token, rel=1e-5, abs=1e-5)
+
+
 def test_the_recorded_cases_branch_and_take_every_option():
     grpo_cases = cases("tree_grpo", TREE_GRPO, TREE_GRPO_COMMIT)
     po_cases = cases("treepo", TREEPO, TREEPO_COMMIT)
@@ -95,19 +124,24 @@ def test_the_recorded_cases_branch_and_take_every_option():
     assert any(max(r["tree"] for r in c["rows"]) > 0 for c in grpo_cases)
     assert {(c["adv_weight_strategy"], c["remove_no_std_subgroup"]) for c in po_cases} == {
         ("group_size", False), ("average", False), ("group_size", True), ("average", True)}
+    rl_cases = treerl_cases()
+    assert sum(map(shared, rl_cases)) >= 4
+    assert {(c["overall_norm_style"], c["use_state_value_reward"]) for c in rl_cases} == {
+        ("token", True), ("step", True), ("token", False), ("none", True)}
 
 
 # ---------------------------------------------------------------- one-level trees
 
-def flat_rows(seed: int, trees_per_group: int = 1) -> list[dict]:
+def flat_rows(seed: int, trees_per_group: int = 1, length: int = 0) -> list[dict]:
     """Groups of rows without branching: each row one node of its own, in one tree per
-    group (or, ``trees_per_group`` > 1, spread over trees of one row each)."""
+    group (or, ``trees_per_group`` > 1, spread over trees of one row each); ``length``
+    tokens each, or 1 to 3 at random."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for group in range(3):
         for i in range(int(torch.randint(2, 6, (), generator=g))):
             rows.append({"group": group, "tree": i if trees_per_group > 1 else 0, "path": [i],
-                         "lengths": [int(torch.randint(1, 4, (), generator=g))],
+                         "lengths": [length or int(torch.randint(1, 4, (), generator=g))],
                          "reward": float(torch.rand((), generator=g))})
     return rows
 
@@ -157,12 +191,35 @@ def test_one_level_treepo_is_reinforce_pp_baseline_without_kl(seed, weighting):
     close(run(config, rows), run(recipe("reinforce_pp_baseline", kl_ctl=0.0), rows))
 
 
+def treerl_with(overall_norm: str, state_value: bool = True):
+    return treerl({"overall_norm_style": overall_norm, "use_state_value_reward": state_value})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_level_treerl_is_twice_rloo(seed):
+    # credit V(n) - V(root) = r' (the leave-one-out reward: they sum to 0), plus V(n) = r' - m
+    rloo = recipe("rloo")
+    rows = flat_rows(seed)
+    close(run(treerl_with("none"), rows), run(rloo, rows), scale=2.0)
+    close(run(treerl_with("token", state_value=False), rows), run(rloo, rows))
+    equal = flat_rows(seed, length=2)   # the token mean m of r' is 0 when rows are as long
+    close(run(treerl_with("token"), equal), run(rloo, equal), scale=2.0)
+
+
+def test_one_level_treerl_with_unequal_lengths_is_twice_rloo_less_its_token_mean():
+    rows = [{"group": 0, "tree": 0, "path": [i], "lengths": [n], "reward": r}
+            for i, (n, r) in enumerate([(1, 1.0), (3, 0.0), (2, 0.0)])]
+    # r' = 1, -1/2, -1/2; token mean m = (1 - 3/2 - 1) / 6 = -1/4; 2 r' - m
+    got = row_advantages(run(treerl_with("token"), rows))
+    assert got == pytest.approx([2.25, -0.75, -0.75], abs=1e-6)
+
+
 def test_inputs_are_not_modified():
     recorded = cases("tree_grpo", TREE_GRPO, TREE_GRPO_COMMIT)[3]
     batch, meta = tree_batch(recorded["rows"], spans=True)
     before = copy.deepcopy(batch)
     versions = {k: v._version for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    for config in (tree_grpo("sum"), tree_grpo("per_token"),
+    for config in (tree_grpo("sum"), tree_grpo("per_token"), treerl_with("step"),
                    treepo({"adv_weight_strategy": "average", "remove_no_std_subgroup": True})):
         AdvantageModule(config)(batch, meta)
     assert set(batch) == set(before)

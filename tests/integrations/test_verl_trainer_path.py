@@ -75,7 +75,7 @@ def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
         call_registered(verl[0], "la_optimal_token_baseline")
 
 
-@pytest.mark.parametrize("name", ["la_tree_grpo", "la_treepo"])
+@pytest.mark.parametrize("name", ["la_tree_grpo", "la_treepo", "la_treerl"])
 def test_the_tree_recipes_name_the_key_verl_cannot_pass(verl, name):
     with pytest.raises(ValueError, match=r"rollout batch has no 'tree_node_ids'"):
         call_registered(verl[0], name)

@@ -36,7 +36,8 @@ def tree_batch(rows: list[dict], *, spans: bool = False, tree_ids: bool = True):
     prompts = []
     for group in sorted({r["group"] for r in rows}):
         members = [i for i, r in enumerate(rows) if r["group"] == group]
-        pad = lambda key, i, fill: built[i][key] + [fill] * (width - len(built[i][key]))  # noqa: E731
+        def pad(key: str, i: int, fill: int) -> list:
+            return built[i][key] + [fill] * (width - len(built[i][key]))
         prompt = {
             "input_ids": torch.tensor([pad("ids", i, 0) for i in members]),
             "attention_mask": torch.tensor([[j < len(built[i]["ids"]) for j in range(width)]
