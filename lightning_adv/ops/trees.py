@@ -49,7 +49,6 @@ class TreePaths:
     token_depth: Tensor
     """[B, T] long, token-aligned: the depth of that node on the row, -1 elsewhere"""
     n_nodes: int
-    n_trees: int
 
 
 def _fail(where: str, what: str) -> None:
@@ -225,11 +224,10 @@ def tree_paths(node_ids: Tensor, loss_mask: Tensor, input_ids: Tensor, row_group
     group_of_node[numbered] = group[present]
     local_of_node = torch.zeros_like(group_of_node)
     local_of_node[numbered] = paths[present]
-    _, n_trees = _numbered(row_tree[:, None])
     name = _NodeNames(local_of_node, group_of_node)
     parent = _parents(global_paths, row_tree, name, n_nodes, where)
     _check_leaves(global_paths, lengths, n_nodes, name, where)
     token_node = torch.where(active, global_paths.gather(1, run.clamp(min=0)), -1)
     _check_shared_tokens(token_node, run, global_paths, input_ids, n_nodes, name, where)
     return TreePaths(global_paths, lengths, parent.clamp(min=-1), row_tree, token_node, run,
-                     n_nodes, n_trees)
+                     n_nodes)

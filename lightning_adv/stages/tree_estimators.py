@@ -5,7 +5,8 @@ docs/guides/trees.md).
 
 A row's reward is everything that lands on it (the outcome score, folded process
 rewards). Every generated token of the row gets the row's advantage, except in
-``tree_grpo``'s per-token form; the token KL penalty, if any, is added to each token's
+``treerl`` (each node's tokens get the node's credit) and ``tree_grpo``'s per-token
+form; the token KL penalty, if any, is added to each token's
 advantage after the estimate, as in the turn estimators.
 
 - ``tree_grpo``: Tree-GRPO's group normalisation within the prompt group (inter-tree)
