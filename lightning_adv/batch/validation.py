@@ -27,8 +27,9 @@ REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "reward
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
                     "turn_rewards", "mopd_teacher_logp_sum")
 #: Integer [B, T] keys, token-aligned: the turn of each generated token, the anchor
-#: state it was generated from (GiGPO's step groups), its reasoning step (``vine``).
-TOKEN_ID_KEYS = ("turn_ids", "anchor_state_ids", "step_ids")
+#: state it was generated from (GiGPO's step groups), its reasoning step (``vine``), and
+#: the tree node it belongs to (the tree estimators).
+TOKEN_ID_KEYS = ("turn_ids", "anchor_state_ids", "step_ids", "tree_node_ids")
 MASK_KEYS = ("attention_mask", "loss_mask")
 #: Log-probabilities: at most 0 (plus :data:`LOGP_TOLERANCE`) where they are read.
 LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
@@ -46,7 +47,7 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               # read by some stages (register_stage(requires=...)), or written
                               "reward_baselines", "sum_pi_squared", "rollout_is_weights",
                               "anchor_state_ids", "turn_rewards", "unscorable",
-                              "step_ids", "mc_returns",
+                              "step_ids", "mc_returns", "tree_node_ids", "tree_ids",
                               # off-policy: the sampler's log-probs, the version that sampled
                               "rollout_logprobs", "policy_version")
 #: How alike a key must be to a known key to count as a misspelling of it

@@ -38,6 +38,9 @@ batch, so every generated token of a row gets the row's advantage (gamma = lambd
 | maxrl | (r_i - mean_g r) / mean_g r, 0 where mean_g r <= 0 | MaxRL, arXiv:2602.02710 (prime-rl, SkyRL) |
 | turn_rloo | turn k: G_k - mean of G_k over the group's other episodes that reached turn k | this project (docs/guides/agents.md) |
 | gigpo | turn k: episode-level group advantage + anchor-state group advantage of G_k | Feng et al., 2025, GiGPO, arXiv:2505.10978 (ROLL) |
+| tree_grpo | (r_i - mean_g r) / (std_g r + eps) + the same over the row's tree | Ji et al., 2025, Tree-GRPO, arXiv:2509.21240 |
+| treepo | whiten_batch(size-weighted mean of r_i - mean over g and over each subtree of the row) | Li et al., 2025, TreePO, arXiv:2508.17445 |
+| treerl | tokens of node n: V(n) - V(parent) + V(n), V = mean leave-one-out reward below n - its token mean | Hou et al., 2025, TreeRL, ACL 2025 |
 
 GRPO-family recipes set ``kl_ctl: 0``: those methods regularize with a KL term in the
 loss, which is the trainer's business, not a reward penalty.
@@ -100,6 +103,12 @@ RECIPES: dict[str, dict[str, Any]] = {
                   "advantage": {"estimator": {"implementation": "turn_rloo"}}},
     "gigpo": {**_CRITIC_FREE, "reward_clip": math.inf,
               "advantage": {"estimator": {"implementation": "gigpo"}}},
+    "tree_grpo": {**_CRITIC_FREE, "reward_clip": math.inf,
+                  "advantage": {"estimator": {"implementation": "tree_grpo"}}},
+    "treepo": {**_CRITIC_FREE, "reward_clip": math.inf, "adv_norm": dict(_BATCH_WHITENING),
+               "advantage": {"estimator": {"implementation": "treepo"}}},
+    "treerl": {**_CRITIC_FREE, "reward_clip": math.inf,
+               "advantage": {"estimator": {"implementation": "treerl"}}},
 }
 
 
@@ -139,4 +148,10 @@ SUMMARIES: dict[str, str] = {
         "Per-turn rewards: each turn's discounted return minus the leave-one-out mean over the group's episodes that reached that turn; unbiased under variable turn counts.",
     "gigpo":
         "GiGPO: episode-level group advantage plus the step return normalized within anchor-state groups (Feng et al., 2025, arXiv:2505.10978; ROLL's adv_estimator gigpo).",
+    "tree_grpo":
+        "Tree-GRPO: the row reward normalized within its prompt group plus within its tree (Ji et al., 2025, arXiv:2509.21240; adv_estimator tree).",
+    "treepo":
+        "TreePO: the row reward minus the mean of its prompt group and of each subtree it passes, weighted by size, whitened over the batch (Li et al., 2025, arXiv:2508.17445).",
+    "treerl":
+        "TreeRL: each node's tokens get its value's change from its parent's plus its value, values the mean leave-one-out leaf reward below (Hou et al., ACL 2025).",
 }

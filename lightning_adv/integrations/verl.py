@@ -25,7 +25,8 @@ pipeline's batch (:mod:`lightning_adv.integrations.response_batch`), and maps th
 ``values`` only to its built-in ``gae``, and ``sum_pi_squared``/``old_log_probs`` only
 to its built-in optimal token baselines: ``la_gae`` and ``la_(tir_)optimal_token_baseline``
 refuse a call without them, naming the key (docs/guides/verl.md); ``la_gigpo`` needs the
-batch key ``anchor_state_ids``, which verl has no way to pass.
+batch key ``anchor_state_ids``, and the tree recipes (``la_tree_grpo``, ``la_treepo``,
+``la_treerl``) ``tree_node_ids``, which verl has no way to pass.
 
 **Policy losses.** verl calls ``fn(old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode, config, rollout_is_weights)`` with its actor config; the adapter builds

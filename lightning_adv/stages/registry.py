@@ -44,6 +44,7 @@ SELECTORS: dict[str, str] = {
 #: The modules that define the built-in stages (imported on the first lookup).
 BUILTIN_MODULES = ("lightning_adv.stages.outcome", "lightning_adv.stages.estimators",
                    "lightning_adv.stages.turn_estimators", "lightning_adv.stages.vine",
+                   "lightning_adv.stages.tree_estimators",
                    "lightning_adv.stages.process")
 #: What a stage subtracts from the return: the critic's ``values``, a baseline over the
 #: prompt ``group``'s responses, a ``greedy`` response's reward, or the ``monte_carlo`` mean

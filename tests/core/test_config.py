@@ -225,7 +225,7 @@ def test_one_registry_names_every_builtin():
                                    "maxrl"},
         "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline",
                       "tir_optimal_token_baseline", "turn_rloo", "turn_index_norm", "gigpo",
-                      "vine"},
+                      "vine", "tree_grpo", "treepo", "treerl"},
         "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
     }
     for family, names in expected.items():

@@ -49,6 +49,15 @@ CONFIGS = [(f"recipe {name}", {"recipe": name}, False) for name in RECIPES] + [
      False),
     ("gigpo mean_std", {"kl_ctl": 0.0, **estimator("gigpo", std_normalize=True)}, False),
     ("vine", {"kl_ctl": 0.1, "discount": 0.9, **estimator("vine")}, False),
+    ("tree_grpo sequential", {"kl_ctl": 0.0, **estimator("tree_grpo", combine="sequential")},
+     False),
+    ("tree_grpo per_token", {"kl_ctl": 0.05, **estimator("tree_grpo", combine="per_token")},
+     False),
+    ("treepo average, constant subtrees skipped",
+     {"kl_ctl": 0.0, **estimator("treepo", weighting="average", skip_constant_subtrees=True)},
+     False),
+    ("treerl step, no state value",
+     {"kl_ctl": 0.0, **estimator("treerl", overall_norm="step", state_value=False)}, False),
     ("otb without zero tail", {"kl_ctl": 0.0, **estimator("optimal_token_baseline",
                                                           handle_zero_tail=False)}, False),
     ("folded token rewards", {**PPO, "token_rewards_as_adv": False}, True),
@@ -85,6 +94,9 @@ def batch_of(seed: int, critic: bool, process_in_unit: bool) -> tuple[dict, obje
     batch["is_truncated"] = torch.rand(bs, generator=g) < 0.3
     batch["reward_baselines"] = torch.rand(bs, generator=g)
     batch["mc_returns"] = mc_returns(episodes_of(groups), g)
+    # each row a chain of tree nodes, one per turn (the tree estimators read them)
+    first = torch.tensor([i for n in sizes for i in range(n)])[:, None]
+    batch["tree_node_ids"] = torch.where(batch["turn_ids"] >= 0, 10 * first + batch["turn_ids"], -1)
     if not critic:
         del batch["values"]
     return batch, meta, episodes_of(groups)

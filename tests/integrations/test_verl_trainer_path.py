@@ -75,6 +75,12 @@ def test_the_optimal_token_baseline_names_its_missing_inputs(verl):
         call_registered(verl[0], "la_optimal_token_baseline")
 
 
+@pytest.mark.parametrize("name", ["la_tree_grpo", "la_treepo", "la_treerl"])
+def test_the_tree_recipes_name_the_key_verl_cannot_pass(verl, name):
+    with pytest.raises(ValueError, match=r"rollout batch has no 'tree_node_ids'"):
+        call_registered(verl[0], name)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("use_pf_ppo", True, r"algorithm.use_pf_ppo: True cannot be mapped"),
     ("norm_adv_by_std_in_grpo", False, r"algorithm.norm_adv_by_std_in_grpo: False cannot be mapped"),
