@@ -103,7 +103,7 @@ def resolve_process_mode(prm: Any, config: ActorConfig,
         if prm is not None:
             check_process_mode("prm.mode", prm.mode, config)
         mode = prm.mode if prm is not None else auto_stage(stage.family, "token").name
-    if mode != gvpo.__name__:  # only gvpo has legacy call-time values
-        return mode, {}
+    if mode != gvpo.__name__:  # only gvpo has legacy call-time values (auto takes no kwargs)
+        return mode, dict(stage.kwargs) if mode == stage.implementation else {}
     legacy = prm if prm is not None else PRMAdvantageShapingConfig()
     return mode, {**legacy.gvpo_kwargs(), **stage.kwargs}

@@ -43,7 +43,8 @@ SELECTORS: dict[str, str] = {
 }
 #: The modules that define the built-in stages (imported on the first lookup).
 BUILTIN_MODULES = ("lightning_adv.stages.outcome", "lightning_adv.stages.estimators",
-                   "lightning_adv.stages.turn_estimators", "lightning_adv.stages.process")
+                   "lightning_adv.stages.turn_estimators", "lightning_adv.stages.process",
+                   "lightning_adv.stages.entropy_shaping")
 #: What a stage subtracts from the return: the critic's ``values``, a baseline over the
 #: prompt ``group``'s responses, or a ``greedy`` response's reward (None: no baseline).
 BASELINES = (None, "values", "group", "greedy")

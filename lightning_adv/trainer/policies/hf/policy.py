@@ -38,7 +38,8 @@ from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 from lightning_adv.trainer.policies.hf.gguf import model_source, without_gguf_quantizer
 from lightning_adv.trainer.policies.hf.prompt_sharing import (
     SharedPrompts, base_model_pass, causal_lm_pass)
-from lightning_adv.trainer.policies.token_stats import next_token_stats, sum_pi_squared_rows
+from lightning_adv.trainer.policies.token_stats import (
+    entropy_rows, next_token_stats, sum_pi_squared_rows)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -263,6 +264,7 @@ def _chunked_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengt
     """:meth:`HFPolicy.token_scores` from the pass's outputs, the vocabulary reduced in
     chunks (no full-size float32 copy of the logits)."""
     return plain_scores(logits, values, ids, lengths, request, pi_squared=sum_pi_squared_rows,
+                        entropy=entropy_rows,
                         logprobs=lambda x, i, t: next_token_stats(x, i, t, with_entropy=False)[0])
 
 
