@@ -135,6 +135,13 @@ def builtin_stage(family: str, name: str) -> StageEntry:
     return STAGES[family][name]
 
 
+def process_reward_modes() -> tuple[str, ...]:
+    """The built-in process stages that shape direct process rewards (they read
+    ``token_rewards``): the modes the call-time PRM selection may name."""
+    return tuple(e.name for e in STAGES["process_adv_shaping"].entries()
+                 if e.builtin and "token_rewards" in e.reads)
+
+
 def builtin_names(family: str) -> tuple[str, ...]:
     """The selector, the built-ins and the registered stages of ``family``."""
     return (SELECTORS[family], *STAGES[family].names())
