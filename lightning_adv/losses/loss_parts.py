@@ -37,11 +37,27 @@ class LossParts:
     ce_coef: float = 0.0
     teacher_kl_coef: float = 0.0
     teacher_kl_estimator: str = "k3"
+    sync_across_ranks: bool = True
+    """count each part's tokens over ranks (as ``PPOLoss``'s ``sync_across_ranks``)"""
 
     def __post_init__(self) -> None:
         check_number("ce_coef", self.ce_coef, minimum=0.0)
         check_number("teacher_kl_coef", self.teacher_kl_coef, minimum=0.0)
         check_choice("teacher_kl_estimator", self.teacher_kl_estimator, LOSS_KL_ESTIMATORS)
+
+
+@dataclass(frozen=True)
+class PartInputs:
+    """What the parts read of one ``PPOLoss`` call."""
+
+    logprobs: Tensor
+    """as passed (the cross-entropy tokens lie outside the loss mask)"""
+    mask: Tensor
+    """the loss mask in the arithmetic's dtype"""
+    counts: TokenCounts
+    """the loss mask's counts (the minibatch's)"""
+    ce_mask: Optional[Tensor] = None
+    teacher_logprobs: Optional[Tensor] = None
 
 
 def ce_counts(ce_mask: Tensor, sync: bool) -> TokenCounts:
@@ -92,19 +108,18 @@ def _check_logprobs(name: str, x: Tensor, active: Tensor, where: str) -> None:
 
 
 def add_loss_parts(loss: Tensor, result: dict[str, Tensor], parts: LossParts,
-                   logprobs: Tensor, mask: Tensor, counts: TokenCounts,
-                   ce_mask: Optional[Tensor], teacher_logprobs: Optional[Tensor],
-                   sync: bool) -> Tensor:
+                   x: PartInputs) -> Tensor:
     """``loss`` (the RL term, logged as ``rl_loss``) plus the weighted parts whose inputs
-    are given, each logged (``ce_loss``, ``ce_tokens``; ``teacher_kl``). ``logprobs``: as
-    passed (the cross-entropy tokens lie outside the loss mask); ``mask``: the loss mask in
-    the arithmetic's dtype; ``counts``: the loss mask's (the minibatch's)."""
+    are given, each logged (``ce_loss``, ``ce_tokens``; ``teacher_kl``)."""
+    logprobs, mask, counts = x.logprobs, x.mask, x.counts
+    ce_mask, teacher_logprobs = x.ce_mask, x.teacher_logprobs
     if ce_mask is None and teacher_logprobs is None:
         return loss
     result["rl_loss"] = loss.detach()
     if ce_mask is not None:
         ce = ce_mask.to(mask.dtype)
-        own = counts.parts["ce"].part(ce) if "ce" in counts.parts else ce_counts(ce, sync)
+        own = (counts.parts["ce"].part(ce) if "ce" in counts.parts
+               else ce_counts(ce, parts.sync_across_ranks))
         nll = -torch.where(ce > 0, logprobs.to(mask.dtype), 0.0)
         result["ce_loss"] = masked_mean(nll, ce, own.local_tokens)
         result["ce_tokens"] = own.local_tokens.detach()

@@ -80,7 +80,7 @@ from torch import Tensor, nn
 from lightning_adv._checks import check_bool, fail
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES, TokenCounts, aggregate, masked_mean
 from lightning_adv.losses.loss_parts import (
-    LossParts, add_loss_parts, ce_counts, check_part_inputs)
+    LossParts, PartInputs, add_loss_parts, ce_counts, check_part_inputs)
 from lightning_adv.losses.loss_inputs import (
     RATIO_LEVELS, ForwardInputs, check_clip_settings, check_forward_inputs, check_kl_terms,
     check_value_and_entropy_terms, resolve_loss_settings)
@@ -176,7 +176,7 @@ class PPOLoss(nn.Module):
                        use_bias_correction_kl)
         check_value_and_entropy_terms(entropy_coef, value_coef, value_clip_eps)
         check_bool("sync_across_ranks", sync_across_ranks)
-        self.parts = LossParts(ce_coef, teacher_kl_coef, teacher_kl_estimator)
+        self.parts = LossParts(ce_coef, teacher_kl_coef, teacher_kl_estimator, sync_across_ranks)
         self.policy_loss_spec, self.loss_agg_mode, self.rollout_correction = resolve_loss_settings(
             policy_loss, policy_loss_kwargs, loss_agg_mode, loss_scale_factor, ratio_level,
             dual_clip, rollout_correction)
@@ -206,7 +206,7 @@ class PPOLoss(nn.Module):
             text += f", kl_coef={self.kl_coef!r}"
         if self.rollout_correction is not None:
             text += f", rollout_correction={self.rollout_correction!r}"
-        if self.parts != LossParts():
+        if self.parts != LossParts(sync_across_ranks=self.sync_across_ranks):
             text += f", parts={self.parts!r}"
         return text
 
@@ -284,8 +284,8 @@ class PPOLoss(nn.Module):
             result["entropy"] = mean(x.entropy)
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * agg(x.entropy)
-        result["loss"] = add_loss_parts(loss, result, self.parts, logprobs, mask, counts,
-                                        ce_mask, teacher_logprobs, self.sync_across_ranks)
+        result["loss"] = add_loss_parts(loss, result, self.parts, PartInputs(
+            logprobs, mask, counts, ce_mask, teacher_logprobs))
         result["num_tokens"] = counts.local_tokens.detach()
         return result
 

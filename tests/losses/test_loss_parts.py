@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lightning_adv import PPOLoss
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES, TokenCounts
-from lightning_adv.losses.loss_parts import LossParts, add_loss_parts
+from lightning_adv.losses.loss_parts import LossParts, PartInputs, add_loss_parts
 
 #: generated tokens (the RL mask) and tool outputs (the cross-entropy mask), disjoint
 MASK = torch.tensor([[0, 1, 1, 0, 0, 1, 0], [0, 1, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0]]).float()
@@ -41,8 +41,8 @@ def run(loss, data, **parts):
 def parts_alone(parts, data, ce_mask=None, teacher=None):
     """The gradient of the parts on their own (no RL term) through the same function."""
     logprobs = data["logprobs"].clone().requires_grad_()
-    total = add_loss_parts(torch.zeros(()), {}, parts, logprobs, MASK,
-                           TokenCounts(MASK, False), ce_mask, teacher, False)
+    total = add_loss_parts(torch.zeros(()), {}, parts, PartInputs(
+        logprobs, MASK, TokenCounts(MASK, False), ce_mask, teacher))
     return torch.autograd.grad(total, logprobs)[0]
 
 

@@ -154,13 +154,24 @@ class Policy(nn.Module):
                          f"--trainer.strategy=ddp")
 
 
+@dataclass(frozen=True)
+class LogitReductions:
+    """How :func:`plain_scores` reduces a pass's ``[B, T, V]`` logits to ``[B, T]`` scores
+    (an implementation may pass its own, e.g. chunked over a large vocabulary)."""
+
+    logprobs: Callable[..., Tensor] = next_token_logprobs
+    """``logprobs(logits, ids, temperature)``"""
+    pi_squared: Callable[..., Tensor] = sum_pi_squared
+    """``pi_squared(logits, temperature)``"""
+    entropy: Callable[..., Tensor] = next_token_entropy
+    """``entropy(logits, temperature)``"""
+
+
 def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths: Tensor,
-                 request: ScoreRequest, *, logprobs: Callable[..., Tensor] = next_token_logprobs,
-                 pi_squared: Callable[..., Tensor] = sum_pi_squared,
-                 entropy: Callable[..., Tensor] = next_token_entropy) -> dict[str, Tensor]:
-    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``; an
-    implementation may pass its own reductions of the logits (``logprobs(logits, ids,
-    temperature)``, ``pi_squared(logits, temperature)``, ``entropy(logits, temperature)``)."""
+                 request: ScoreRequest, reductions: LogitReductions = LogitReductions()
+                 ) -> dict[str, Tensor]:
+    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``, the logits
+    reduced by ``reductions``."""
     columns = torch.arange(ids.shape[1], device=ids.device)
     has_next = (columns[None] < (lengths - 1)[:, None]).float()
     out = {}
@@ -168,11 +179,12 @@ def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths:
         assert values is not None, "values requested of a policy without a value head"
         out["values"] = values.float() * (columns[None] < lengths[:, None])
     if "logprobs" in request.want:
-        out["logprobs"] = logprobs(logits, ids, request.temperature).float() * has_next
+        out["logprobs"] = reductions.logprobs(logits, ids, request.temperature).float() * has_next
     if "sum_pi_squared" in request.want:
-        out["sum_pi_squared"] = pi_squared(logits, request.temperature).float() * has_next
+        out["sum_pi_squared"] = (reductions.pi_squared(logits, request.temperature).float()
+                                 * has_next)
     if "entropies" in request.want:
-        out["entropies"] = entropy(logits, request.temperature).float() * has_next
+        out["entropies"] = reductions.entropy(logits, request.temperature).float() * has_next
     return out
 
 
