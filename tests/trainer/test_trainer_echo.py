@@ -2,7 +2,6 @@
 tool task become the loss's cross-entropy mask, out of the RL mask; two training steps
 run end to end and log the part; a one-turn task refuses the option."""
 
-import pytest
 import torch
 
 from lightning_adv.recipes import recipe
