@@ -210,7 +210,7 @@ class AdvantageModule(nn.Module):
         aligned, temporal = self.align_and_estimate(batch, facts, scores, meta, data, kl_coef)
         advantages = self.normalize_advantages(temporal.advantages, aligned.loss_mask, meta)
         advantages = self.shape_process(ProcessAdvantageInputs(
-            advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta), prm)
+            advantages, aligned.direct_token_rewards, aligned.loss_mask, config, meta, data), prm)
         out = self._output(batch, aligned, advantages, temporal, outcome.rewards)
         if self.config.adv_norm is not None:
             out["unnormalized_advantages"] = temporal.advantages

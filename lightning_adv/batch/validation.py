@@ -25,7 +25,7 @@ from lightning_adv.stages.registry import STAGES
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 TOKEN_FLOAT_KEYS = ("logprobs", "values", "ref_logp", "prox_logp", "token_rewards",
-                    "turn_rewards", "mopd_teacher_logp_sum")
+                    "turn_rewards", "mopd_teacher_logp_sum", "entropies")
 #: Integer [B, T] keys, token-aligned: the turn of each generated token, the anchor
 #: state it was generated from (GiGPO's step groups), its reasoning step (``vine``), and
 #: the tree node it belongs to (the tree estimators).
@@ -38,6 +38,10 @@ LOGP_KEYS = ("logprobs", "ref_logp", "prox_logp")
 #: 1e-5 for logits up to 100. 1e-3 leaves two orders of magnitude for that, and no
 #: probability or logit array passes (a probability of 1.001 is not a rounding error).
 LOGP_TOLERANCE = 1e-3
+#: Entropies (``-sum p log p``, never negative) computed in float32 as
+#: ``logsumexp - sum(p * logit)`` can round a few ulps below 0 for a near-certain token;
+#: anything further below 0 is not an entropy.
+ENTROPY_TOLERANCE = 1e-4
 #: Every key the pipeline reads or writes (SPEC §1 and §5). Other keys pass through; one
 #: that is a near miss of an absent known key is reported (:class:`UnknownBatchKeyWarning`).
 KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards",
@@ -46,7 +50,7 @@ KNOWN_KEYS = REQUIRED_KEYS + ("values", "ref_logp", "prox_logp", "turn_ids", "to
                               "mopd_behavior_logprobs", "unnormalized_advantages",
                               # read by some stages (register_stage(requires=...)), or written
                               "reward_baselines", "sum_pi_squared", "rollout_is_weights",
-                              "anchor_state_ids", "turn_rewards", "unscorable",
+                              "anchor_state_ids", "turn_rewards", "unscorable", "entropies",
                               "step_ids", "mc_returns", "tree_node_ids", "tree_ids",
                               # off-policy: the sampler's log-probs, the version that sampled
                               "rollout_logprobs", "policy_version")
@@ -262,6 +266,8 @@ def _check_values(batch: Mapping[str, Any],
     attention, loss = batch["attention_mask"], batch["loss_mask"]
     _check_masks(attention, loss)
     aligned = aligned_loss_mask(loss)
+    if present(batch, "entropies"):
+        _check_entropies(batch["entropies"])
     for key in LOGP_KEYS:
         if present(batch, key):
             action = "raise" if key == "logprobs" else (
@@ -269,6 +275,17 @@ def _check_values(batch: Mapping[str, Any],
             # logprobs are token-aligned, ref_logp/prox_logp next-token aligned
             _check_logp_range(key, batch[key], loss if key == "logprobs" else aligned, action)
     return attention.bool().sum(dim=1), aligned
+
+
+def _check_entropies(x: Tensor) -> None:
+    """Entropies are not negative (beyond :data:`ENTROPY_TOLERANCE` of rounding) anywhere:
+    a negative one is a log-prob or a signed quantity passed under the wrong key."""
+    bad = x < -ENTROPY_TOLERANCE
+    if bool(bad.any()):
+        index = tuple(bad.nonzero()[0].tolist())
+        _fail("entropies", f"non-negative values (entropies, up to {ENTROPY_TOLERANCE} of "
+              f"rounding below 0)", f"{int(bad.sum())} negative entries (first at {index}: "
+              f"{x[index].item():.4g}); were log-probs passed?")
 
 
 def _check_logp_range(key: str, x: Tensor, read: Tensor, action: str) -> None:

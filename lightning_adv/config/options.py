@@ -12,9 +12,9 @@ NORM_LEVELS = ("batch", "group", None)
 
 
 def __getattr__(name: str):
-    if name == "PRM_MODES":  # the built-in process stages, from their registry (on first use)
-        from lightning_adv.stages.registry import STAGES
-        return tuple(e.name for e in STAGES["process_adv_shaping"].entries() if e.builtin)
+    if name == "PRM_MODES":  # the built-in process-reward stages, from their registry (on first use)
+        from lightning_adv.stages.registry import process_reward_modes
+        return process_reward_modes()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -36,6 +36,8 @@ class TokenCounts:
             dist.all_reduce(local)  # one collective for all counts
             self.scale = dist.get_world_size()
         self.tokens, self.sequences, self.rows = local[0], local[1], local[2]
+        self.parts: dict[str, TokenCounts] = {}
+        """the counts of other loss parts' masks (``ce``: the cross-entropy tokens)"""
 
     def part(self, mask: Tensor) -> "TokenCounts":
         """The counts of one micro-batch ``mask`` of this minibatch: its own rows and

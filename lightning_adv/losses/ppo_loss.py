@@ -59,6 +59,9 @@ Semantics follow verl's ``compute_policy_loss_*``, ``agg_loss``, ``kl_penalty`` 
   losses and gradients sum to the minibatch's in every aggregation mode. verl's and
   TRL's micro-batches each take their own mean, weighted by their share of rows, which
   differs when micro-batches hold different numbers of tokens.
+- Loss parts beside the RL term (:mod:`lightning_adv.losses.loss_parts`: cross-entropy on
+  ``ce_mask``, KL to a teacher) are token means over their own tokens, prime-rl's
+  normalisation: the RL term's value and gradient do not change when one is added.
 - Positions outside the loss mask never reach the arithmetic (``torch.where``, not a
   product), so padding may hold anything, even ``-inf`` log-probs. At the loss mask's
   tokens every input the loss reads must be finite (log-probs also <= 0): a NaN or Inf
@@ -76,6 +79,8 @@ from torch import Tensor, nn
 
 from lightning_adv._checks import check_bool, fail
 from lightning_adv.losses.aggregation import LOSS_AGG_MODES, TokenCounts, aggregate, masked_mean
+from lightning_adv.losses.loss_parts import (
+    LossParts, PartInputs, add_loss_parts, ce_counts, check_part_inputs)
 from lightning_adv.losses.loss_inputs import (
     RATIO_LEVELS, ForwardInputs, check_clip_settings, check_forward_inputs, check_kl_terms,
     check_value_and_entropy_terms, resolve_loss_settings)
@@ -132,18 +137,24 @@ class PPOLoss(nn.Module):
         use_bias_correction_kl: weight the KL-to-reference estimate by ``π_θ/π_old`` (with
             its gradient), TRL's ``use_bias_correction_kl``: the tokens were sampled from
             π_old, not π_θ.
+        ce_coef: weight of a cross-entropy term ``-log π_θ`` on the tokens of ``ce_mask``
+            (e.g. tool outputs, ECHO), a token mean over them.
+        teacher_kl_coef: weight of a KL term to ``teacher_logprobs`` on the loss mask's
+            tokens (estimator ``teacher_kl_estimator``), a token mean over them.
 
     ``forward`` takes ``[B, T]`` aligned tensors: ``logprobs``, ``values`` and ``entropy``
     from the current policy (with gradients); ``rollout_logprobs`` (π_rollout: decoupled
     mode's correction, the rollout KL term); ``rollout_is_weights`` and ``rollout_rs_mask``
     (a correction computed outside: the weights and the loss mask after rejection); and
     ``counts``, the :meth:`counts` of the minibatch these rows are a micro-batch of (None:
-    the rows are the whole minibatch). It returns a dict: ``loss`` (to backpropagate) and detached diagnostics, each
+    the rows are the whole minibatch); ``ce_mask`` and ``teacher_logprobs`` for the parts
+    above (:mod:`~lightning_adv.losses.loss_parts`). It returns a dict: ``loss`` (to backpropagate) and detached diagnostics, each
     a token mean over this rank's active tokens: ``policy_loss``, ``approx_kl``,
     ``clipfrac`` (plus ``clipfrac_high``/``clipfrac_low`` and each policy loss's own),
     ``value_loss`` (with ``values``), ``kl_loss`` (with ``ref_logprobs``), ``rollout_kl``
     (with rollout log-probs), ``entropy`` (with ``entropy``), ``dual_clipfrac`` (with
-    ``dual_clip``), ``rollout_rejected_frac`` (with rejection), and ``num_tokens`` (this
+    ``dual_clip``), ``rollout_rejected_frac`` (with rejection), ``rl_loss``, ``ce_loss``,
+    ``ce_tokens`` and ``teacher_kl`` (with the parts' inputs), and ``num_tokens`` (this
     rank's active tokens, the weight for averaging the diagnostics over minibatches and
     ranks, as :class:`~lightning_adv.AdvantageMetrics` does).
     """
@@ -157,13 +168,15 @@ class PPOLoss(nn.Module):
                  policy_loss: str = "vanilla", policy_loss_kwargs: Optional[Mapping[str, Any]] = None,
                  rollout_correction: Union[None, RolloutCorrectionConfig, Mapping[str, Any]] = None,
                  rollout_kl_coef: float = 0.0, rollout_kl_estimator: str = "k3",
-                 use_bias_correction_kl: bool = False):
+                 use_bias_correction_kl: bool = False, ce_coef: float = 0.0,
+                 teacher_kl_coef: float = 0.0, teacher_kl_estimator: str = "k3"):
         super().__init__()
         check_clip_settings(clip_eps, clip_eps_high, dual_clip)
         check_kl_terms(kl_coef, kl_estimator, rollout_kl_coef, rollout_kl_estimator,
                        use_bias_correction_kl)
         check_value_and_entropy_terms(entropy_coef, value_coef, value_clip_eps)
         check_bool("sync_across_ranks", sync_across_ranks)
+        self.parts = LossParts(ce_coef, teacher_kl_coef, teacher_kl_estimator, sync_across_ranks)
         self.policy_loss_spec, self.loss_agg_mode, self.rollout_correction = resolve_loss_settings(
             policy_loss, policy_loss_kwargs, loss_agg_mode, loss_scale_factor, ratio_level,
             dual_clip, rollout_correction)
@@ -193,6 +206,8 @@ class PPOLoss(nn.Module):
             text += f", kl_coef={self.kl_coef!r}"
         if self.rollout_correction is not None:
             text += f", rollout_correction={self.rollout_correction!r}"
+        if self.parts != LossParts(sync_across_ranks=self.sync_across_ranks):
+            text += f", parts={self.parts!r}"
         return text
 
     @property
@@ -205,16 +220,22 @@ class PPOLoss(nn.Module):
     def bypass_mode(self) -> bool:
         return self.rollout_correction is not None and self.rollout_correction.bypass_mode
 
-    def counts(self, loss_mask: Tensor) -> TokenCounts:
+    def counts(self, loss_mask: Tensor, ce_mask: Optional[Tensor] = None) -> TokenCounts:
         """The token and sequence counts of a whole minibatch (summed over ranks with
         ``sync_across_ranks``: a collective), for gradient accumulation: pass them as
         ``counts=`` to the call on each of its micro-batches, and the micro-batches'
-        losses (and gradients) sum to the minibatch's."""
-        if not isinstance(loss_mask, Tensor) or loss_mask.ndim != 2:
-            fail("PPOLoss.counts loss_mask", "a [B, T] tensor",
-                 getattr(loss_mask, "shape", type(loss_mask).__name__))
-        return TokenCounts(loss_mask.to(torch.promote_types(loss_mask.dtype, torch.float32)),
-                           self.sync_across_ranks)
+        losses (and gradients) sum to the minibatch's. ``ce_mask``: the minibatch's
+        cross-entropy tokens, counted too."""
+        for name, mask in (("loss_mask", loss_mask), ("ce_mask", ce_mask)):
+            if (mask is not None or name == "loss_mask") and (
+                    not isinstance(mask, Tensor) or mask.ndim != 2):
+                fail(f"PPOLoss.counts {name}", "a [B, T] tensor",
+                     getattr(mask, "shape", type(mask).__name__))
+        counts = TokenCounts(loss_mask.to(torch.promote_types(loss_mask.dtype, torch.float32)),
+                             self.sync_across_ranks)
+        if ce_mask is not None:
+            counts.parts["ce"] = ce_counts(ce_mask, self.sync_across_ranks)
+        return counts
 
     def forward(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
                 loss_mask: Tensor, *, rollout_logprobs: Optional[Tensor] = None,
@@ -222,13 +243,15 @@ class PPOLoss(nn.Module):
                 rollout_rs_mask: Optional[Tensor] = None, ref_logprobs: Optional[Tensor] = None,
                 values: Optional[Tensor] = None, old_values: Optional[Tensor] = None,
                 returns: Optional[Tensor] = None, entropy: Optional[Tensor] = None,
-                counts: Optional[TokenCounts] = None) -> dict[str, Tensor]:
+                counts: Optional[TokenCounts] = None, ce_mask: Optional[Tensor] = None,
+                teacher_logprobs: Optional[Tensor] = None) -> dict[str, Tensor]:
         """The loss and its diagnostics (see the class docstring for the arguments)."""
         kl_coef = self.current_kl_coef
         given = ForwardInputs(logprobs, old_logprobs, advantages, loss_mask, rollout_logprobs,
                               rollout_is_weights, rollout_rs_mask, ref_logprobs, values,
                               old_values, returns, entropy)
         checked = self._check_inputs(given, kl_coef, counts)
+        check_part_inputs(self.parts, logprobs, loss_mask, ce_mask, teacher_logprobs, counts)
         # Sums in at least float32: bfloat16 would count 257 tokens as 256.
         x = checked.cleaned(loss_mask.to(torch.promote_types(logprobs.dtype, torch.float32)))
         mask = x.loss_mask
@@ -261,7 +284,8 @@ class PPOLoss(nn.Module):
             result["entropy"] = mean(x.entropy)
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * agg(x.entropy)
-        result["loss"] = loss
+        result["loss"] = add_loss_parts(loss, result, self.parts, PartInputs(
+            logprobs, mask, counts, ce_mask, teacher_logprobs))
         result["num_tokens"] = counts.local_tokens.detach()
         return result
 

@@ -44,7 +44,9 @@ TOKEN_MEANS = {"total_rewards": "tot_rewards", "kl_rewards": "kl_rewards"}
 MOMENTS = ("advantages", "returns", "unnormalized_advantages")
 LOSS_DIAGNOSTICS = ("policy_loss", "value_loss", "kl_loss", "entropy", "approx_kl", "clipfrac",
                     "clipfrac_high", "clipfrac_low", "dual_clipfrac", "rollout_kl",
-                    "rollout_rejected_frac")
+                    "rollout_rejected_frac", "rl_loss", "ce_loss", "teacher_kl")
+#: Diagnostics that are means over other tokens than the loss mask's, and their count.
+LOSS_DIAGNOSTIC_WEIGHTS = {"ce_loss": "ce_tokens"}
 
 
 class AdvantageMetrics(Metric):
@@ -176,8 +178,11 @@ class AdvantageMetrics(Metric):
         for name in LOSS_DIAGNOSTICS:
             if name in loss:
                 value = torch.as_tensor(loss[name]).detach().double()
-                getattr(self, f"loss_{name}_sum").add_(value * tokens)
-                getattr(self, f"loss_{name}_tokens").add_(tokens)
+                weight = tokens
+                if name in LOSS_DIAGNOSTIC_WEIGHTS:
+                    weight = torch.as_tensor(loss[LOSS_DIAGNOSTIC_WEIGHTS[name]]).detach().double()
+                getattr(self, f"loss_{name}_sum").add_(value * weight)
+                getattr(self, f"loss_{name}_tokens").add_(weight)
 
     def compute(self) -> dict[str, Tensor]:
         """The metrics of every update since the last ``reset()``, keyed ``<prefix><name>``,

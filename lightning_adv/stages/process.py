@@ -20,7 +20,7 @@ from torch import Tensor
 from lightning_adv.stages.types import ProcessAdvantageInputs
 from lightning_adv._checks import check_gvpo_kwargs, non_negative_number
 from lightning_adv.config import ActorConfig, PRMAdvantageShapingConfig, check_process_mode
-from lightning_adv.stages.registry import STAGES, auto_stage, register_stage
+from lightning_adv.stages.registry import auto_stage, process_reward_modes, register_stage
 from lightning_adv.stages.resolve import Stage
 
 
@@ -93,7 +93,7 @@ def resolve_process_mode(prm: Any, config: ActorConfig,
         if not isinstance(prm, PRMAdvantageShapingConfig):
             raise TypeError(f"prm: expected a PRMAdvantageShapingConfig or None, got "
                             f"{type(prm).__name__}")
-        modes = tuple(e.name for e in STAGES["process_adv_shaping"].entries() if e.builtin)
+        modes = process_reward_modes()
         if prm.mode not in modes:
             raise ValueError(f"prm.mode: expected one of {', '.join(modes)}, got {prm.mode!r}")
     if stage is None or not stage.builtin:
@@ -103,7 +103,7 @@ def resolve_process_mode(prm: Any, config: ActorConfig,
         if prm is not None:
             check_process_mode("prm.mode", prm.mode, config)
         mode = prm.mode if prm is not None else auto_stage(stage.family, "token").name
-    if mode != gvpo.__name__:  # only gvpo has legacy call-time values
-        return mode, {}
+    if mode != gvpo.__name__:  # only gvpo has legacy call-time values (auto takes no kwargs)
+        return mode, dict(stage.kwargs) if mode == stage.implementation else {}
     legacy = prm if prm is not None else PRMAdvantageShapingConfig()
     return mode, {**legacy.gvpo_kwargs(), **stage.kwargs}

@@ -44,8 +44,8 @@ SELECTORS: dict[str, str] = {
 #: The modules that define the built-in stages (imported on the first lookup).
 BUILTIN_MODULES = ("lightning_adv.stages.outcome", "lightning_adv.stages.estimators",
                    "lightning_adv.stages.turn_estimators", "lightning_adv.stages.vine",
-                   "lightning_adv.stages.tree_estimators",
-                   "lightning_adv.stages.process")
+                   "lightning_adv.stages.tree_estimators", "lightning_adv.stages.process",
+                   "lightning_adv.stages.entropy_shaping")
 #: What a stage subtracts from the return: the critic's ``values``, a baseline over the
 #: prompt ``group``'s responses, a ``greedy`` response's reward, or the ``monte_carlo`` mean
 #: return of continuations sampled from the same state (None: no baseline).
@@ -135,6 +135,13 @@ def unregister_stage(family: str, name: str) -> None:
 def builtin_stage(family: str, name: str) -> StageEntry:
     """The named stage ``name`` of ``family`` (a ``KeyError`` if there is none)."""
     return STAGES[family][name]
+
+
+def process_reward_modes() -> tuple[str, ...]:
+    """The built-in process stages that shape direct process rewards (they read
+    ``token_rewards``): the modes the call-time PRM selection may name."""
+    return tuple(e.name for e in STAGES["process_adv_shaping"].entries()
+                 if e.builtin and "token_rewards" in e.reads)
 
 
 def builtin_names(family: str) -> tuple[str, ...]:

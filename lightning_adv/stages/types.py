@@ -108,6 +108,9 @@ class ProcessAdvantageInputs:
     """the actor configuration"""
     meta: Optional["BatchMeta"]
     """grouping metadata, or None"""
+    data: Optional[Mapping[str, Any]] = None
+    """read-only view of the rollout batch, for optional keys a stage reads
+    (``entropies``, next-token convention like the tensors above)"""
 
 
 @dataclass(frozen=True)

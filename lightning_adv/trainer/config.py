@@ -181,6 +181,10 @@ class PPOConfig:
     """weight of the value loss"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus"""
+    echo_ce_coef: float = 0.0
+    """weight of a cross-entropy term on the environment's replies (tool outputs: tokens
+    after a row's first generated one that the policy did not generate), a token mean over
+    them, beside the RL term and out of its mask (ECHO); needs a multi-turn task"""
     max_grad_norm: Optional[float] = 1.0
     """gradient clipping by global norm (null: no clipping)"""
     kv_cache: bool = True
@@ -212,7 +216,8 @@ class PPOConfig:
                  "[1 - clip_eps, 1 + clip_eps])", self.clip_eps)
         if self.lr > 1:
             fail("ppo.lr", "a learning rate in (0, 1]", self.lr)
-        for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef"):
+        for name in ("weight_decay", "value_coef", "entropy_coef", "kl_loss_coef",
+                     "echo_ce_coef"):
             check_number(f"ppo.{name}", getattr(self, name), minimum=0.0)
         check_choice("ppo.loss_agg_mode", self.loss_agg_mode, (None, *LOSS_AGG_MODES))
         check_choice("ppo.ratio_level", self.ratio_level, RATIO_LEVELS)

@@ -358,6 +358,11 @@ def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
         raise ValueError(f"{key}: turn-level GAE needs a multi-turn task (the batch's turn_ids), "
                          f"and task {task.name!r} has one turn per episode; use estimator "
                          f"token_gae or a multi-turn task (guess)")
+    if ppo.echo_ce_coef > 0 and runtime.task.max_turns < 2:
+        raise ValueError(f"ppo.echo_ce_coef: the cross-entropy term trains on the environment's "
+                         f"replies (tool outputs) between policy turns, and task {task.name!r} "
+                         f"has one turn per episode (no replies); use a multi-turn task "
+                         f"(calculator, guess) or set it to 0, got {ppo.echo_ce_coef}")
 
 
 def world_size_of(trainer: Optional[Mapping[str, Any]]) -> int:

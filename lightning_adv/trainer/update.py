@@ -4,7 +4,9 @@
 optimization) on :class:`~lightning_adv.PPOLoss`; each minibatch runs as micro-batches of
 at most ``ppo.micro_batch_size`` rows whose gradients accumulate into its one optimizer
 step, under DDP with one gradient all-reduce per minibatch (``no_sync`` before its last
-micro-batch). The minibatch order comes from the generator passed in.
+micro-batch). The minibatch order comes from the generator passed in. With
+``ppo.echo_ce_coef`` the loss also gets the environment's replies as its cross-entropy
+mask (:func:`environment_reply_mask`), counted per minibatch like the loss mask.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Updater:
                     chunk.split(ppo.micro_batch_size))
                 counts = None
                 if len(micro) > 1:  # one collective per minibatch, before any backward
-                    counts = self.loss_fn.counts(out["loss_mask"][chunk])
+                    ce = self.ce_mask(batch)
+                    counts = self.loss_fn.counts(out["loss_mask"][chunk],
+                                                 None if ce is None else ce[chunk])
                 opt.zero_grad()
                 results = []
                 for i, part in enumerate(micro):
@@ -66,6 +70,11 @@ class Updater:
                                           gradient_clip_algorithm="norm")
                 opt.step()
 
+    def ce_mask(self, batch: dict[str, Any]) -> Optional[Tensor]:
+        """The loss's cross-entropy mask: the environment's replies with
+        ``ppo.echo_ce_coef > 0``, else None."""
+        return environment_reply_mask(batch) if self.ppo.echo_ce_coef > 0 else None
+
     def micro_batch_loss(self, batch: dict[str, Any], out: dict[str, Any], rows: Tensor,
                          counts: Any, module: Any = None) -> dict[str, Tensor]:
         """The loss (:class:`~lightning_adv.PPOLoss`) on ``rows``, cut to their longest
@@ -81,12 +90,14 @@ class Updater:
         mask = cut(out["loss_mask"])
         generated = batch["loss_mask"][rows, :width] > 0
         prompts = PromptGroups(generated.int().argmax(1), ppo.n_samples)
+        ce_mask = cut(self.ce_mask(batch))
+        read = mask > 0 if ce_mask is None else (mask > 0) | (ce_mask > 0)
         # With entropy_coef 0 the entropy is only reported: no graph for it.
         logprobs, values, ent = self.policy.train_forward(
-            ids, mask > 0, ppo.temperature, ppo.entropy_coef > 0, prompts)
-        extra = {}
+            ids, read, ppo.temperature, ppo.entropy_coef > 0, prompts)
+        extra: dict[str, Any] = {} if ce_mask is None else {"ce_mask": ce_mask}
         if self.critic:
-            extra = dict(values=values, old_values=cut(batch["values"]),
+            extra.update(values=values, old_values=cut(batch["values"]),
                          returns=cut(out["returns"]))
         if loss_fn.bypass_mode:  # the old log-probs are the rollout's: nothing more to pass
             if module is not None:
@@ -97,6 +108,14 @@ class Updater:
         ref_logp = out.get("ref_logp") if ppo.kl_loss_coef > 0 else None
         return loss_fn(logprobs, cut(out["logprobs"]), cut(out["advantages"]), mask,
                        ref_logprobs=cut(ref_logp), entropy=ent, counts=counts, **extra)
+
+
+def environment_reply_mask(batch: dict[str, Any]) -> Tensor:
+    """``[B, T]`` float, aligned (position t predicts token t+1): 1 where token t+1 is an
+    environment reply: attended, not generated, after the row's first generated token."""
+    generated = batch["loss_mask"] > 0
+    reply = (batch["attention_mask"] > 0) & ~generated & (generated.cumsum(1) > 0)
+    return torch.nn.functional.pad(reply[:, 1:], (0, 1)).float()
 
 
 def last_checkpoint(module: Any) -> str:
@@ -169,7 +188,8 @@ def gradient_sync(strategy: Any, last: bool) -> Any:
 
 
 #: PPOLoss arguments whose ppo config key has another name
-_LOSS_KEYS = {"kl_coef": "kl_loss_coef", "kl_estimator": "kl_loss_estimator"}
+_LOSS_KEYS = {"kl_coef": "kl_loss_coef", "kl_estimator": "kl_loss_estimator",
+              "ce_coef": "echo_ce_coef"}
 
 
 def build_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
@@ -191,7 +211,7 @@ def build_loss(ppo: PPOConfig, episode_budget: int) -> PPOLoss:
             policy_loss_kwargs=ppo.policy_loss_kwargs,
             rollout_correction=correction,
             rollout_kl_coef=ppo.rollout_kl_coef, rollout_kl_estimator=ppo.rollout_kl_estimator,
-            use_bias_correction_kl=ppo.use_bias_correction_kl)
+            use_bias_correction_kl=ppo.use_bias_correction_kl, ce_coef=ppo.echo_ce_coef)
     except ValueError as exc:
         name, sep, rest = str(exc).partition(":")
         head, dot, tail = name.partition(".")

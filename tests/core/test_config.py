@@ -226,7 +226,8 @@ def test_one_registry_names_every_builtin():
         "estimator": {"auto", "token_gae", "turn_gae", "reinforce", "optimal_token_baseline",
                       "tir_optimal_token_baseline", "turn_rloo", "turn_index_norm", "gigpo",
                       "vine", "tree_grpo", "treepo", "treerl"},
-        "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted"},
+        "process_adv_shaping": {"auto", "additive", "gvpo", "process_weighted",
+                                "top_entropy_mask", "gtpo"},
     }
     for family, names in expected.items():
         assert set(builtin_names(family)) == names, family

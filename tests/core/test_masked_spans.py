@@ -5,7 +5,7 @@ outside it nor where any reward lands, and no loss aggregation sees it.
 
 Inside a response: before a token between the row's first and last generated tokens.
 Whatever the span's tokens hold in any per-position key (values, log-probs, rewards,
-``sum_pi_squared``, importance weights) is never read. With ``turn_ids`` a span inside a
+``sum_pi_squared``, entropies, importance weights) is never read. With ``turn_ids`` a span inside a
 turn does not split it; without them a turn is a run of generated tokens, so there the
 property is stated for lengthening existing spans.
 """
@@ -67,6 +67,13 @@ CONFIGS = [(f"recipe {name}", {"recipe": name}, False) for name in RECIPES] + [
         "implementation": "gvpo"}}}, True),
     ("process_weighted", {**PPO, "advantage": {"process_adv_shaping": {
         "implementation": "process_weighted"}}}, True),
+    # the entropy stages replace process-reward shaping: the token rewards are folded
+    ("gtpo entropy shaping", {**PPO, "token_rewards_as_adv": False, "advantage": {
+        "process_adv_shaping": {"implementation": "gtpo", "kwargs": {"entropy_weight": 0.7}}}},
+     True),
+    ("top_entropy_mask", {"kl_ctl": 0.0, "token_rewards_as_adv": False, "advantage": {
+        "process_adv_shaping": {"implementation": "top_entropy_mask",
+                                "kwargs": {"quantile": 0.5}}}}, False),
     ("length penalty + truncation masking", {**PPO, "overlong_reward_penalty": True,
                                              "overlong_tokens": 4, "overlong_penalty_factor": 1.0,
                                              "max_new_tokens": 12, "mask_no_eos_with_zero": True},
@@ -97,6 +104,7 @@ def batch_of(seed: int, critic: bool, process_in_unit: bool) -> tuple[dict, obje
     # each row a chain of tree nodes, one per turn (the tree estimators read them)
     first = torch.tensor([i for n in sizes for i in range(n)])[:, None]
     batch["tree_node_ids"] = torch.where(batch["turn_ids"] >= 0, 10 * first + batch["turn_ids"], -1)
+    batch["entropies"] = torch.rand(bs, width, generator=g) * 3
     if not critic:
         del batch["values"]
     return batch, meta, episodes_of(groups)

@@ -133,7 +133,8 @@ def from_response_major(x: torch.Tensor, batch: dict) -> torch.Tensor:
 
 
 #: Keys in the next-token convention (position t describes token t + 1).
-NEXT_TOKEN_KEYS = ("values", "ref_logp", "prox_logp", "sum_pi_squared", "rollout_is_weights")
+NEXT_TOKEN_KEYS = ("values", "ref_logp", "prox_logp", "sum_pi_squared", "rollout_is_weights",
+                   "entropies")
 #: What a masked (tool or environment) token holds in each token-aligned key.
 MASKED_FILL = {"loss_mask": 0, "attention_mask": True, "turn_ids": -1, "logprobs": 0.0,
                "anchor_state_ids": -1}

@@ -118,7 +118,7 @@ class RecordingAdvantageModule(AdvantageModule):
 
     def record(self, batch, meta, out):
         keep = ("advantages", "returns", "rewards", "tot_rewards", "kl_rewards", "loss_mask")
-        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared") if k in out)
+        keep += tuple(k for k in ("reward_baselines", "sum_pi_squared", "entropies") if k in out)
         return {k: out[k] for k in keep}
 
     def forward(self, batch, meta=None, *, prm=None, kl_coef=None):

@@ -43,7 +43,8 @@ def full_tensor_reference(policy, reference, ids, temperature):
         return F.pad(lp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (0, 1))
 
     return {"values": values.double(), "prox_logp": picked(logp), "ref_logp": picked(ref),
-            "sum_pi_squared": (logp.exp() ** 2).sum(-1)}
+            "sum_pi_squared": (logp.exp() ** 2).sum(-1),
+            "entropies": -(logp.exp() * logp).sum(-1)}
 
 
 def test_row_chunks():
@@ -65,20 +66,20 @@ def test_scoring_passes_in_chunks_equal_one_pass(tiny_lm, dtype):
     ids, lengths = right_padded(vocab, [7, 3, 12, 5, 9])
     real = torch.arange(ids.shape[1])[None] < lengths[:, None]
     next_real = F.pad(real[:, 1:], (0, 1))
-    request = ScoreRequest(frozenset({"values", "logprobs", "sum_pi_squared"}), 0.8)
+    request = ScoreRequest(frozenset({"values", "logprobs", "sum_pi_squared", "entropies"}), 0.8)
     whole = scoring_passes(policy, reference, ids, lengths, request)
     with torch.no_grad():
         want = full_tensor_reference(policy, reference, ids, 0.8)
     tol = 1e-5 if dtype == "float32" else 2e-2
     for key, mask in (("values", real), ("prox_logp", next_real), ("ref_logp", next_real),
-                      ("sum_pi_squared", next_real)):
+                      ("sum_pi_squared", next_real), ("entropies", next_real)):
         assert whole[key].dtype == torch.float32 and whole[key].shape == ids.shape
         assert torch.allclose(whole[key][mask].double(), want[key][mask], rtol=tol, atol=tol), key
     for rows in (1, 2, 3):
         chunked = scoring_passes(policy, reference, ids, lengths, request, rows=rows)
         assert chunked.keys() == whole.keys()
-        for key, mask in (("values", real), ("prox_logp", next_real),
-                          ("ref_logp", next_real), ("sum_pi_squared", next_real)):
+        for key, mask in (("values", real), ("prox_logp", next_real), ("ref_logp", next_real),
+                          ("sum_pi_squared", next_real), ("entropies", next_real)):
             assert torch.allclose(chunked[key][mask], whole[key][mask], rtol=tol, atol=tol), key
         for key in chunked:  # past a row's last token: 0, whole or in chunks of any width
             assert not chunked[key][~real].any() and not whole[key][~real].any(), key

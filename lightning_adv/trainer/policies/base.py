@@ -4,8 +4,8 @@ The trainer calls a policy in four places, and only through this interface:
 
 - **sampling** (:meth:`Policy.generate`): episodes for prompt indices, each sampled token
   with the sampler's log-prob;
-- **scoring** (:meth:`Policy.token_scores`): per-token values, next-token log-probs and
-  ``sum_pi_squared`` of a right-padded batch, without gradients;
+- **scoring** (:meth:`Policy.token_scores`): per-token values, next-token log-probs,
+  ``sum_pi_squared`` and entropies of a right-padded batch, without gradients;
 - **the update** (:meth:`Policy.train_forward`): next-token log-probs, values and entropies
   with gradients;
 - **the run around it**: the frozen reference (:meth:`Policy.reference`), export
@@ -28,13 +28,13 @@ import torch
 from torch import Tensor, nn
 
 from lightning_adv.trainer.policies.logprobs import (
-    logprobs_and_entropy, next_token_logprobs, sum_pi_squared)
+    logprobs_and_entropy, next_token_entropy, next_token_logprobs, sum_pi_squared)
 
 if TYPE_CHECKING:
     from lightning_adv.trainer.tasks.episode import Episode
     from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
-SCORES = frozenset({"values", "logprobs", "sum_pi_squared"})
+SCORES = frozenset({"values", "logprobs", "sum_pi_squared", "entropies"})
 """what :meth:`Policy.token_scores` can compute"""
 
 
@@ -112,8 +112,8 @@ class Policy(nn.Module):
                      ) -> dict[str, Tensor]:
         """The ``request.want`` scores of the right-padded rows ``ids`` (real lengths
         ``lengths``), each ``[B, T]`` float32: ``values`` at the real tokens,
-        ``logprobs`` (of token t+1 at position t) and ``sum_pi_squared`` at the tokens
-        that have a next one, 0 elsewhere."""
+        ``logprobs`` (of token t+1 at position t), ``sum_pi_squared`` and ``entropies`` (of
+        the distribution of token t+1) at the tokens that have a next one, 0 elsewhere."""
         logits, values = self(ids)
         return plain_scores(logits, values, ids, lengths, request)
 
@@ -154,12 +154,24 @@ class Policy(nn.Module):
                          f"--trainer.strategy=ddp")
 
 
+@dataclass(frozen=True)
+class LogitReductions:
+    """How :func:`plain_scores` reduces a pass's ``[B, T, V]`` logits to ``[B, T]`` scores
+    (an implementation may pass its own, e.g. chunked over a large vocabulary)."""
+
+    logprobs: Callable[..., Tensor] = next_token_logprobs
+    """``logprobs(logits, ids, temperature)``"""
+    pi_squared: Callable[..., Tensor] = sum_pi_squared
+    """``pi_squared(logits, temperature)``"""
+    entropy: Callable[..., Tensor] = next_token_entropy
+    """``entropy(logits, temperature)``"""
+
+
 def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths: Tensor,
-                 request: ScoreRequest, *, logprobs: Callable[..., Tensor] = next_token_logprobs,
-                 pi_squared: Callable[..., Tensor] = sum_pi_squared) -> dict[str, Tensor]:
-    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``; an
-    implementation may pass its own reductions of the logits (``logprobs(logits, ids,
-    temperature)``, ``pi_squared(logits, temperature)``)."""
+                 request: ScoreRequest, reductions: LogitReductions = LogitReductions()
+                 ) -> dict[str, Tensor]:
+    """:meth:`Policy.token_scores` from a full pass's ``logits`` and ``values``, the logits
+    reduced by ``reductions``."""
     columns = torch.arange(ids.shape[1], device=ids.device)
     has_next = (columns[None] < (lengths - 1)[:, None]).float()
     out = {}
@@ -167,9 +179,12 @@ def plain_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths:
         assert values is not None, "values requested of a policy without a value head"
         out["values"] = values.float() * (columns[None] < lengths[:, None])
     if "logprobs" in request.want:
-        out["logprobs"] = logprobs(logits, ids, request.temperature).float() * has_next
+        out["logprobs"] = reductions.logprobs(logits, ids, request.temperature).float() * has_next
     if "sum_pi_squared" in request.want:
-        out["sum_pi_squared"] = pi_squared(logits, request.temperature).float() * has_next
+        out["sum_pi_squared"] = (reductions.pi_squared(logits, request.temperature).float()
+                                 * has_next)
+    if "entropies" in request.want:
+        out["entropies"] = reductions.entropy(logits, request.temperature).float() * has_next
     return out
 
 

@@ -49,6 +49,12 @@ def logprobs_and_entropy(logits: Tensor, input_ids: Tensor, temperature: float =
     return picked, entropy_of_logprobs(logp, entropy_grad)
 
 
+def next_token_entropy(logits: Tensor, temperature: float) -> Tensor:
+    """[B, T]: the entropy of ``softmax(logits_t / temperature)`` (the distribution of token
+    t+1; the caller masks positions without a next token), without gradients."""
+    return entropy_of_logprobs(scaled_log_softmax(logits, temperature), with_grad=False)
+
+
 def sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
     """[B, T]: ``sum_v softmax(logits_t / temperature)_v ** 2`` (position t predicts token
     t+1; the caller masks positions without a next token)."""

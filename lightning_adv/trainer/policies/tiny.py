@@ -93,6 +93,8 @@ def selected_scores(model: TinyPolicy, ids: Tensor, lengths: Tensor, request: Sc
         out["logprobs"] = spread(logp.gather(-1, targets[:, None]).squeeze(-1))
     if "sum_pi_squared" in request.want:
         out["sum_pi_squared"] = spread(logp.exp().square().sum(-1))
+    if "entropies" in request.want:
+        out["entropies"] = spread(entropy_of_logprobs(logp, with_grad=False))
     has_next = columns[None] < (lengths - 1)[:, None]
     return {k: v if k == "values" else v * has_next for k, v in out.items()}
 

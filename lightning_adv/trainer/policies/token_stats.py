@@ -13,7 +13,8 @@ kept:
   (saved for it in their own dtype: the one logits-sized tensor kept for the backward,
   where ``log_softmax`` keeps its float32 output) and the saved ``[N]`` logsumexp; the
   gradient comes back in the logits' dtype, as autograd's of ``logits.float()`` would;
-- :func:`sum_pi_squared_chunked`: ``sum_v p_v ** 2`` (no gradient; a recipe input).
+- :func:`sum_pi_squared_chunked`: ``sum_v p_v ** 2`` (no gradient; a recipe input);
+- :func:`entropy_rows`: the entropy at every position (no gradient; a recipe input).
 
 The numbers are those of the full-tensor formulas (``log_softmax``, ``softmax``) up to
 float rounding: the same shifted exponentials, summed over the same vocabulary. TRL and
@@ -156,6 +157,17 @@ def next_token_stats(logits: Tensor, input_ids: Tensor, temperature: float = 1.0
     if ent is not None:
         ent = ent.view(b, t) if entropy_grad else ent.view(b, t).detach()
     return picked, ent
+
+
+@torch.no_grad()
+def entropy_rows(logits: Tensor, temperature: float) -> Tensor:
+    """The entropy of ``softmax(logits / temperature)`` at every position of ``[B, T, V]``
+    logits, ``[B, T]`` float32 (:func:`token_stats`'s chunked reduction)."""
+    b, t, v = logits.shape
+    targets = torch.zeros(b * t, dtype=torch.long, device=logits.device)  # (log-prob unused)
+    _, ent = token_stats(logits.reshape(b * t, v), targets, temperature, with_entropy=True)
+    assert ent is not None
+    return ent.view(b, t)
 
 
 def sum_pi_squared_rows(logits: Tensor, temperature: float) -> Tensor:

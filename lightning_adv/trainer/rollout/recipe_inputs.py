@@ -4,6 +4,9 @@
 - ``sum_pi_squared`` (``optimal_token_baseline``): the sum over the vocabulary of the
   squared next-token probabilities at each position, from the behaviour policy's logits
   at the sampling temperature, next-token convention like ``ref_logp``;
+- ``entropies`` (``top_entropy_mask``, ``gtpo``): the entropy of the policy's next-token
+  distribution at the sampling temperature at each position, next-token convention,
+  from the scoring pass (which then runs even where nothing else asks for a policy pass);
 - ``reward_baselines`` (``remax_baseline``): the task reward of one greedy response per
   prompt (``ppo.greedy_baseline: true``); the greedy responses take no part in the
   update;

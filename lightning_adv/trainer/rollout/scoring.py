@@ -1,7 +1,7 @@
 """The scoring step's forward passes over a rollout batch, in chunks of rows.
 
-Values, the recomputed log-probs (``prox_logp``), the reference log-probs and
-``sum_pi_squared`` need one pass of the policy and one of the reference over every row
+Values, the recomputed log-probs (``prox_logp``), the reference log-probs,
+``sum_pi_squared`` and ``entropies`` need one pass of the policy and one of the reference over every row
 of the batch. With a Hugging Face vocabulary one pass's logits are ``[B, T, V]``
 (B=128, T=1024, V=150k: 79 GB in float32), so the passes run over at most
 ``ppo.forward_batch_size`` rows at a time, each chunk cut to its own longest row, and a
@@ -29,7 +29,8 @@ from torch import Tensor
 from lightning_adv.trainer.policies.base import Policy, PromptGroups, ScoreRequest
 
 #: the batch key of each score, for the policy and the reference
-POLICY_KEYS = {"values": "values", "logprobs": "prox_logp", "sum_pi_squared": "sum_pi_squared"}
+POLICY_KEYS = {"values": "values", "logprobs": "prox_logp", "sum_pi_squared": "sum_pi_squared",
+               "entropies": "entropies"}
 
 
 def row_chunks(rows: int, size: Optional[int]) -> list[slice]:
@@ -43,7 +44,7 @@ def scoring_passes(policy: Policy, reference: Optional[Any], ids: Tensor, length
                    request: ScoreRequest, rows: Optional[int] = None) -> dict[str, Tensor]:
     """The ``[B, T]`` float32 tensors of the right-padded batch ``ids`` (real lengths
     ``lengths``): the policy's ``request.want`` scores, under their batch keys
-    (``values``, ``prox_logp``, ``sum_pi_squared``), and with a ``reference`` its
+    (``values``, ``prox_logp``, ``sum_pi_squared``, ``entropies``), and with a ``reference`` its
     ``ref_logp``. Past a row's last token they hold 0. ``rows``: rows per forward pass
     (None: the whole batch at once)."""
     b, t = ids.shape

@@ -124,14 +124,14 @@ class Rollout:
                                         or ppo.off_policy)
         want = ({"values"} if fresh_values else set()) | (
             {"logprobs"} if keys.recompute_logprob else set()) | (
-            {"sum_pi_squared"} & keys.recipe_inputs)
+            {"sum_pi_squared", "entropies"} & keys.recipe_inputs)
         request = ScoreRequest(frozenset(want), ppo.temperature, prompt_groups(batch, meta))
         passes = scoring_passes(self.policy, self.reference, ids, attention.sum(1).long(),
                                 request, ppo.forward_batch_size)
         if keys.critic:
             values = passes["values"] if fresh_values else sampled_values
             batch["values"] = critic_values(values, attention, ppo.bootstrap_truncated)
-        for key in ("prox_logp", "ref_logp", "sum_pi_squared"):
+        for key in ("prox_logp", "ref_logp", "sum_pi_squared", "entropies"):
             if key in passes:
                 batch[key] = passes[key]
         if "anchor_state_ids" in keys.recipe_inputs:

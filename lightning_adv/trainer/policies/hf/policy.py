@@ -33,12 +33,13 @@ from lightning_adv.trainer.policies.hf.loading import (  # noqa: F401 -- checks 
     HFSetup, _hub_env, apply_umask, check_device_dtype, check_hf_policy, check_lora_available,
     local_or_hub, no_progress_bars)
 from lightning_adv.trainer.policies.base import (
-    GenerationRequest, Policy, PromptGroups, ScoreRequest, plain_scores)
+    GenerationRequest, LogitReductions, Policy, PromptGroups, ScoreRequest, plain_scores)
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 from lightning_adv.trainer.policies.hf.gguf import model_source, without_gguf_quantizer
 from lightning_adv.trainer.policies.hf.prompt_sharing import (
     SharedPrompts, base_model_pass, causal_lm_pass)
-from lightning_adv.trainer.policies.token_stats import next_token_stats, sum_pi_squared_rows
+from lightning_adv.trainer.policies.token_stats import (
+    entropy_rows, next_token_stats, sum_pi_squared_rows)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -262,8 +263,13 @@ def _chunked_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengt
                     request: ScoreRequest) -> dict[str, Tensor]:
     """:meth:`HFPolicy.token_scores` from the pass's outputs, the vocabulary reduced in
     chunks (no full-size float32 copy of the logits)."""
-    return plain_scores(logits, values, ids, lengths, request, pi_squared=sum_pi_squared_rows,
-                        logprobs=lambda x, i, t: next_token_stats(x, i, t, with_entropy=False)[0])
+    return plain_scores(logits, values, ids, lengths, request, CHUNKED)
+
+
+#: The vocabulary reduced in chunks (:mod:`~lightning_adv.trainer.policies.token_stats`).
+CHUNKED = LogitReductions(
+    logprobs=lambda x, i, t: next_token_stats(x, i, t, with_entropy=False)[0],
+    pi_squared=sum_pi_squared_rows, entropy=entropy_rows)
 
 
 def build_hf_policy(policy: PolicyConfig, *, seed: int, tokenizer: Any = None) -> HFPolicy:
