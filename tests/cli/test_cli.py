@@ -44,6 +44,8 @@ def test_every_shipped_config_fits_two_steps(config, tmp_path):
     assert ("train/value_loss" in logged) == critic
     assert ("train/explained_variance" in logged) == critic
     assert logged["histograms"]["train/advantages"] == [0, 1]
+    # ppo.vine: the continuations' tokens, apart from the trained responses'
+    assert ("train/vine_tokens" in logged) == ("vine" in shipped["model"]["ppo"])
     assert (log_dir / "config.yaml").is_file()
 
 
