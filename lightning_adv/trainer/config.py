@@ -59,9 +59,6 @@ class VineConfig:
     """the step length of boundaries every_n_tokens (read by no other rule)"""
     low_prob: Optional[float] = None
     """the probability threshold of boundaries low_prob, in (0, 1) (null otherwise)"""
-    prefixes_per_call: Optional[int] = None
-    """step boundaries sampled per call of the policy (each with its k continuations);
-    null: every boundary of the step at once"""
 
     def __post_init__(self) -> None:
         check_int("ppo.vine.k", self.k)
@@ -74,8 +71,6 @@ class VineConfig:
         elif self.low_prob is not None:
             fail("ppo.vine.low_prob", f"null with boundaries {self.boundaries!r} (the threshold "
                  f"of boundaries: low_prob)", self.low_prob)
-        if self.prefixes_per_call is not None:
-            check_int("ppo.vine.prefixes_per_call", self.prefixes_per_call)
 
 
 @dataclass(frozen=True)
@@ -236,8 +231,8 @@ class PPOConfig:
     differ, sampling more prompts (up to max_rounds rounds) until the step is full"""
     vine: Optional[VineConfig] = None
     """VinePPO's Monte Carlo step values for estimator vine: {k, boundaries, every_n_tokens,
-    low_prob, prefixes_per_call}; k continuations sampled from each step boundary of every
-    response, scored by the task, never trained on (null: none sampled)"""
+    low_prob}; k continuations sampled from each step boundary of every response, scored
+    by the task, never trained on (null: none sampled)"""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
@@ -279,8 +274,7 @@ class PPOConfig:
         check_bool("ppo.kv_cache", self.kv_cache)
         vine = nested_config(VineConfig, "ppo.vine", self.vine)
         if vine is not None and not isinstance(vine, VineConfig):
-            fail("ppo.vine", "null or {k, boundaries, every_n_tokens, low_prob, "
-                 "prefixes_per_call}", vine)
+            fail("ppo.vine", "null or {k, boundaries, every_n_tokens, low_prob}", vine)
         convert_field(self, "vine", vine)
         if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
             fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "

@@ -140,21 +140,6 @@ def test_continuations_are_drawn_from_the_step_generator():
     assert [ep.mc_returns for ep in first[0]] != [ep.mc_returns for ep in other[0]]
 
 
-def test_prefixes_per_call_splits_the_calls():
-    # Split calls draw in another order (each call samples its rows together), so the
-    # numbers differ; the layout and the reproducibility do not.
-    def run():
-        vine = {"k": 3, "every_n_tokens": 2, "prefixes_per_call": 2}
-        return [ep for g in module(vine=vine).rollout([0, 1], generator(9, "v")) for ep in g]
-
-    whole = [ep for g in module().rollout([0, 1], generator(9, "v")) for ep in g]
-    parts, again = run(), run()
-    assert [ep.mc_returns for ep in parts] == [ep.mc_returns for ep in again]
-    for a, b in zip(whole, parts):
-        assert a.tokens == b.tokens and len(a.mc_returns) == len(b.mc_returns)
-        assert all(len(r) == 3 and all(map(math.isfinite, r)) for r in b.mc_returns)
-
-
 # ------------------------------------------------------------------ config errors
 
 @pytest.mark.parametrize("vine, actor, task, message", [

@@ -112,22 +112,21 @@ def sample_step_values(policy: Policy, runtime: TaskRuntime, groups: Sequence[Se
         ep.step_ids = token_step_ids(ep, ep_starts)
         ep.mc_returns = [[math.nan] * config.k for _ in ep_starts]
         ep.continuation_tokens = 0
+    # One call for every boundary of the step: each rank makes the same number of calls,
+    # as a sharded policy's generate (which gathers its weights) needs.
     boundaries = [(j, slot, start) for j, ep_starts in enumerate(starts)
                   for slot, start in enumerate(ep_starts)]
-    size = config.prefixes_per_call or max(len(boundaries), 1)
-    for first in range(0, len(boundaries), size):
-        chunk = boundaries[first:first + size]
-        continued = policy.generate(runtime, replace(
-            request, indices=[episodes[j].index for j, _, _ in chunk], n_samples=config.k,
-            last_values=False,
-            prefixes=[response_of(episodes[j])[0][:start] for j, _, start in chunk]), gen)
-        score(continued, runtime)
-        for (j, slot, start), group in zip(chunk, continued):
-            ep = episodes[j]
-            for i, cont in enumerate(group):
-                _check_continues(cont, ep, start, policy)
-                ep.mc_returns[slot][i] = continuation_return(cont, start, settings, vocab)
-                ep.continuation_tokens += sum(cont.generated) - start
+    continued = policy.generate(runtime, replace(
+        request, indices=[episodes[j].index for j, _, _ in boundaries], n_samples=config.k,
+        last_values=False,
+        prefixes=[response_of(episodes[j])[0][:start] for j, _, start in boundaries]), gen)
+    score(continued, runtime)
+    for (j, slot, start), group in zip(boundaries, continued):
+        ep = episodes[j]
+        for i, cont in enumerate(group):
+            _check_continues(cont, ep, start, policy)
+            ep.mc_returns[slot][i] = continuation_return(cont, start, settings, vocab)
+            ep.continuation_tokens += sum(cont.generated) - start
 
 
 def check_vine_options(needs: frozenset[str], actor: ActorConfig, ppo: PPOConfig,
