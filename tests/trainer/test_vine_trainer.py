@@ -91,12 +91,13 @@ def test_each_return_is_the_task_reward_of_the_prefix_and_its_continuation():
     assert len(continuations) > 10   # sampled, not copies of the responses
 
 
-def test_a_near_greedy_policy_continues_each_response_as_it_was_sampled():
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_a_near_greedy_policy_continues_each_response_as_it_was_sampled(kv_cache):
     # At temperature 1e-5 every draw is the argmax: each continuation from a boundary
     # repeats the rest of its response, so each return is the response's reward,
     # discounted once per step after its first, and every advantage is 0.
     model = module(actor={**VINE_ACTOR, "discount": 0.5}, temperature=1e-5,
-                   vine={"k": 2, "every_n_tokens": 2})
+                   vine={"k": 2, "every_n_tokens": 2}, kv_cache=kv_cache)
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():  # (a fresh policy's zero head is uniform at any temperature)
         for p in model.policy.parameters():
