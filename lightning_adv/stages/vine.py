@@ -7,7 +7,8 @@ value of the state there, and each step's advantage is the one-step difference
 on every generated token of step k. ``s_k`` is the state before step k (``s_0``: the
 prompt); the value after the episode's last step is the terminal 0.
 
-The batch carries the returns (sampling them is the caller's job):
+The batch carries the returns (the built-in trainer samples them under ``ppo.vine``,
+:mod:`lightning_adv.trainer.rollout.vine`; another caller puts them in the batch):
 
 - ``mc_returns`` ``[B, S, K]`` float: ``mc_returns[b, k]`` holds the returns of K
   continuations sampled from the state before row b's k-th step (its steps counted from
@@ -52,9 +53,8 @@ def _returns_table(inputs: TemporalInputs, steps: Steps) -> Tensor:
     """``mc_returns`` checked against the steps: a slot for every step, NaN past them."""
     table = inputs.data.get("mc_returns") if inputs.data is not None else None
     if table is None:
-        raise ValueError(f"{_WHERE}: rollout batch has no 'mc_returns' ({_LAYOUT}). The "
-                         f"built-in trainer does not sample continuations; put them in the "
-                         f"batch yourself")
+        raise ValueError(f"{_WHERE}: rollout batch has no 'mc_returns' ({_LAYOUT}); the "
+                         f"built-in trainer samples the continuations with ppo.vine set")
     counts = steps.slots.counts
     most = int(counts.max()) if counts.numel() else 0
     if table.shape[1] < most:

@@ -40,6 +40,39 @@ class DynamicSamplingConfig:
         check_int("ppo.dynamic_sampling.max_rounds", self.max_rounds)
 
 
+#: where ``ppo.vine`` cuts a response into steps
+VINE_BOUNDARIES = ("every_n_tokens", "newline", "low_prob")
+
+
+@dataclass(frozen=True)
+class VineConfig:
+    """VinePPO's Monte Carlo step values: continuations sampled from each step boundary of
+    every response (the batch keys ``mc_returns`` and ``step_ids`` of estimator ``vine``)."""
+
+    k: int = 4
+    """continuations sampled from each step boundary (the state before each step)"""
+    boundaries: str = "every_n_tokens"
+    """where steps begin: every_n_tokens (every n generated tokens), newline (after each
+    token whose text holds a newline) or low_prob (at each token sampled with probability
+    below low_prob)"""
+    every_n_tokens: int = 4
+    """the step length of boundaries every_n_tokens (read by no other rule)"""
+    low_prob: Optional[float] = None
+    """the probability threshold of boundaries low_prob, in (0, 1) (null otherwise)"""
+
+    def __post_init__(self) -> None:
+        check_int("ppo.vine.k", self.k)
+        check_choice("ppo.vine.boundaries", self.boundaries, VINE_BOUNDARIES)
+        check_int("ppo.vine.every_n_tokens", self.every_n_tokens)
+        if self.boundaries == "low_prob":
+            check_number("ppo.vine.low_prob", self.low_prob, positive=True, maximum=1.0)
+            if self.low_prob == 1.0:
+                fail("ppo.vine.low_prob", "a probability in (0, 1)", self.low_prob)
+        elif self.low_prob is not None:
+            fail("ppo.vine.low_prob", f"null with boundaries {self.boundaries!r} (the threshold "
+                 f"of boundaries: low_prob)", self.low_prob)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation: ``validate``, ``test``, ``predict`` and validation during ``fit``."""
@@ -200,6 +233,10 @@ class PPOConfig:
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     """DAPO dynamic sampling: {enabled, max_rounds}: keep only prompt groups whose rewards
     differ, sampling more prompts (up to max_rounds rounds) until the step is full"""
+    vine: Optional[VineConfig] = None
+    """VinePPO's Monte Carlo step values for estimator vine: {k, boundaries, every_n_tokens,
+    low_prob}; k continuations sampled from each step boundary of every response, scored
+    by the task, never trained on (null: none sampled)"""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
@@ -240,6 +277,10 @@ class PPOConfig:
             fail("ppo.dynamic_sampling.enabled", "false with ppo.n_samples < 2 (a group of one "
                  "response never has differing rewards)", True)
         check_bool("ppo.kv_cache", self.kv_cache)
+        vine = nested_config(VineConfig, "ppo.vine", self.vine)
+        if vine is not None and not isinstance(vine, VineConfig):
+            fail("ppo.vine", "null or {k, boundaries, every_n_tokens, low_prob}", vine)
+        convert_field(self, "vine", vine)
         if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
             fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "
                  "integer (rows per scoring forward pass)", self.forward_batch_size)

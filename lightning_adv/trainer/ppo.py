@@ -55,6 +55,7 @@ from lightning_adv.trainer.rollout.off_policy import (
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.run.resume import reconcile_checkpoint
 from lightning_adv.trainer.rollout.step import BatchKeys, Rollout, sample_until_signal
+from lightning_adv.trainer.rollout.vine import StepValueSampling
 from lightning_adv.trainer.logs.sample_log import (
     SampleLogConfig, evaluation_log_step, log_text, samples_markdown)
 from lightning_adv.trainer.setup import TrainerPlan
@@ -111,13 +112,15 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         self.rollouts = Rollout(self.policy, self.ref_policy, self.runtime, self.ppo_config,
                                 scorers=self.scorers, keys=BatchKeys(
                                     self.critic, self.actor_config.recompute_logprob,
-                                    self.advantage.required_batch_keys))
+                                    self.advantage.required_batch_keys),
+                                vine=StepValueSampling(self.ppo_config.vine, self.actor_config)
+                                if self.ppo_config.vine is not None else None)
         """sampling, scoring and batching (:class:`~lightning_adv.trainer.rollout.step.Rollout`)"""
         self.prm_shaping = plan.prm_shaping
         self.kl_controller = self.kl_controller_config.build(self.actor_config.kl_ctl)
         self.loss_fn = plan.loss
         self.updater = Updater(self.policy, self.loss_fn, self.ppo_config, self.critic)
-        self.metrics = StepMetrics(critic=self.critic)
+        self.metrics = StepMetrics(critic=self.critic, vine=self.ppo_config.vine is not None)
         self.adv_metrics = AdvantageMetrics(prefix="train/", dist_sync_on_step=False)
         self.eval_metrics = nn.ModuleDict({stage: EvalMetrics(self.eval_config.pass_k)
                                            for stage in EVAL_STAGES})

@@ -44,6 +44,8 @@ def test_every_shipped_config_fits_two_steps(config, tmp_path):
     assert ("train/value_loss" in logged) == critic
     assert ("train/explained_variance" in logged) == critic
     assert logged["histograms"]["train/advantages"] == [0, 1]
+    # ppo.vine: the continuations' tokens, apart from the trained responses'
+    assert ("train/vine_tokens" in logged) == ("vine" in shipped["model"]["ppo"])
     assert (log_dir / "config.yaml").is_file()
 
 
@@ -123,6 +125,10 @@ CLI_ERRORS = [
     CliBad("cli-forward-batch-size", "--model.ppo.forward_batch_size=0",
            "model.ppo.forward_batch_size"),
     CliBad("cli-micro-batch-size", "--model.ppo.micro_batch_size=-1", "model.ppo.micro_batch_size"),
+    CliBad("cli-vine-estimator-without-vine", "--model.ppo.vine=null", "model.ppo.vine", "vine"),
+    CliBad("cli-vine-without-estimator", "--model.ppo.vine={k: 2}", "model.ppo.vine"),
+    CliBad("cli-vine-boundaries", "--model.ppo.vine.boundaries=sentence",
+           "model.ppo.vine.boundaries", "vine"),
     CliBad("cli-missing-checkpoint", "--ckpt_path=no/such/last.ckpt", "ckpt_path"),
     CliBad("cli-not-a-checkpoint", f"--ckpt_path={Path(__file__)}", "ckpt_path"),
     CliBad("cli-threads", "--torch_num_threads=0", "torch_num_threads"),

@@ -186,3 +186,19 @@ class OldForwardAdvantageModule(AdvantageModule):
 
     def forward(self, batch, meta=None, *, prm=None):
         return super().forward(batch, meta, prm=prm)
+
+
+def response_code(sample):
+    """The response itself as a number (its symbols ``abcde=`` are the digits 1..6 of base
+    7): a reward from which the scored text can be read back
+    (tests/trainer/test_vine_trainer.py)."""
+    return float(sum(("abcde=".index(c) + 1) * 7 ** i for i, c in enumerate(sample.response)))
+
+
+def response_of_code(code):
+    """The response :func:`response_code` scored."""
+    code, symbols = int(code), []
+    while code:
+        code, digit = divmod(code, 7)
+        symbols.append("abcde="[digit - 1])
+    return "".join(symbols)

@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
 from lightning_adv.trainer.rollout.batch import score
 from lightning_adv.visualize import advantage_heatmap, heatmap_inputs
@@ -97,9 +98,13 @@ class HeatmapLog:
             return
         count = min(self.config.heatmap_groups, len(greedy))
         groups = [[*greedy[g][:1], *sampled[g]] for g in range(count)]
-        if module.scorers:  # the evaluation scored outcomes only; the heatmap shows both
+        if module.scorers or module.rollouts.vine is not None:
             groups = [[copy.copy(ep) for ep in group] for group in groups]
+        if module.scorers:  # the evaluation scored outcomes only; the heatmap shows both
             score(groups, module.runtime, module.scorers)
+        if module.rollouts.vine is not None:  # estimator vine reads their step values
+            module.rollouts.step_values(groups, generator(
+                module.seed, "vine", stage, module.rollout_step, module.global_rank))
         baselines = ([group[0].reward for group in groups]
                      if module.ppo_config.greedy_baseline else None)
         batch, meta = module.make_batch(groups, baselines)

@@ -48,10 +48,12 @@ def rlhf_rewards(task_rewards: Tensor, out: Mapping[str, Any]) -> Tensor:
 class StepMetrics(nn.Module):
     """Episode metrics of one training step; ``compute()`` returns ``{"train/<name>": value}``."""
 
-    def __init__(self, critic: bool):
+    def __init__(self, critic: bool, vine: bool = False):
         super().__init__()
         self.critic = critic
         self.means = nn.ModuleDict({name: MeanMetric() for name in ROW_MEANS})
+        if vine:  # ppo.vine: tokens sampled for the step values, per episode
+            self.means["vine_tokens"] = MeanMetric()
         self.explained_variance = ExplainedVariance()
 
     def update(self, name: str, value: Tensor, weight: Optional[Tensor] = None) -> None:
@@ -83,6 +85,9 @@ class StepMetrics(nn.Module):
         self.update("response_length", batch["loss_mask"].sum(1).float())
         self.update("truncated", batch["is_truncated"].float())
         self.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
+        if "vine_tokens" in self.means:
+            self.update("vine_tokens", torch.tensor([float(ep.continuation_tokens)
+                                                     for ep in episodes]))
         if self.critic:
             # An unscorable row's returns are its own values (it has no target): counted,
             # its tokens would be perfectly predicted ones and lift explained variance.

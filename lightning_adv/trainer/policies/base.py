@@ -68,6 +68,11 @@ class GenerationRequest:
     last_values: bool = True
     """a policy whose sampler reads values reads the tokens sampled last for theirs too
     (false: the value after an episode's last token stays 0)"""
+    prefixes: Optional[Sequence[Sequence[int]]] = None
+    """per prompt index, tokens its first policy turn already holds (``ppo.vine``'s step
+    boundaries): each of its episodes starts from the prompt and these tokens (generated,
+    log-prob 0: not sampled by this call) and samples on from there; the turn's token
+    limit and stop strings count them. None: every episode starts from its prompt"""
 
 
 @dataclass(frozen=True)

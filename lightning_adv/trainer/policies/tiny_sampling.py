@@ -15,7 +15,7 @@ from torch import Tensor
 from lightning_adv.trainer.policies.base import GenerationRequest, finite_or_raise
 from lightning_adv.trainer.policies.tiny_network import small_log_softmax
 from lightning_adv.trainer.tasks.base import Turn
-from lightning_adv.trainer.tasks.episode import Episode, start_episodes
+from lightning_adv.trainer.tasks.episode import Episode, start_episodes, turn_so_far
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
 
@@ -37,7 +37,7 @@ def generate(policy: torch.nn.Module, runtime: TaskRuntime, request: GenerationR
     params, n_samples = request.sampling, request.n_samples
     task, vocab = runtime.task, runtime.vocab
     device = next(policy.parameters()).device
-    episodes = start_episodes(runtime, request.indices, n_samples)
+    episodes = start_episodes(runtime, request.indices, n_samples, request.prefixes)
     width = task.max_episode_len(request.max_new_tokens)
     rows_of_tokens = [ep.tokens + [vocab.pad_id] * (width - len(ep.tokens)) for ep in episodes]
     buffer = torch.tensor(rows_of_tokens, dtype=torch.long, device=device)
@@ -145,7 +145,7 @@ class _Turns:
 
     def __init__(self, episodes: list[Episode], runtime: TaskRuntime, max_new_tokens: int):
         self.episodes, self.runtime, self.max_new_tokens = episodes, runtime, max_new_tokens
-        self.tokens: list[list[int]] = [[] for _ in episodes]
+        self.tokens: list[list[int]] = [turn_so_far(ep) for ep in episodes]  # (a prefix)
 
     def take(self, buffer: Tensor, rows: list[int], picked: list[int],
              picked_logp: list[float]) -> None:

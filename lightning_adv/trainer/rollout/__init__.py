@@ -4,6 +4,7 @@
 - :mod:`.batch`: scoring episodes, and the batch made of them;
 - :mod:`.scoring`: the scoring passes of the policy and the reference over the batch;
 - :mod:`.recipe_inputs`: optional batch keys some stages read;
+- :mod:`.vine`: ``ppo.vine``'s continuations from each step boundary (``mc_returns``);
 - :mod:`.dynamic_sampling` and :mod:`.off_policy`: DAPO's dynamic sampling, and the
   off-policy queue of stale rollouts.
 """

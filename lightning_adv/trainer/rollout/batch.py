@@ -112,10 +112,25 @@ def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
         batch["turn_rewards"] = pad([turn_end_rewards(ep) for ep in episodes], torch.float32, 0.0)
     if all(ep.values is not None for ep in episodes):
         batch["values"] = pad([ep.values for ep in episodes], torch.float32, 0.0)
+    if all(ep.mc_returns is not None for ep in episodes):  # ppo.vine
+        batch["step_ids"] = pad([ep.step_ids or [] for ep in episodes], torch.long, -1)
+        batch["mc_returns"] = mc_returns_table(episodes)
     meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
                      traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
                      rollout_groups=[None] * len(groups))
     return batch, meta
+
+
+def mc_returns_table(episodes: list[Episode]) -> Tensor:
+    """``[B, S, K]`` float32: row b's slot k the returns sampled from the state before its
+    step k (``ppo.vine``), NaN past its last step."""
+    slots = max(len(ep.mc_returns or ()) for ep in episodes)
+    k = max((len(r) for ep in episodes for r in ep.mc_returns or ()), default=1)
+    table = torch.full((len(episodes), slots, k), float("nan"), dtype=torch.float32)
+    for b, ep in enumerate(episodes):
+        for slot, returns in enumerate(ep.mc_returns or ()):
+            table[b, slot, :len(returns)] = torch.tensor(returns, dtype=torch.float32)
+    return table
 
 
 def turn_end_rewards(ep: Episode) -> list[float]:

@@ -1,6 +1,7 @@
 """The rollout of one training step: :class:`Rollout`, built once per run.
 
-- :meth:`Rollout.sample` samples and scores ``ppo.n_samples`` episodes per prompt;
+- :meth:`Rollout.sample` samples and scores ``ppo.n_samples`` episodes per prompt (and
+  under ``ppo.vine`` the continuations of their step values, :mod:`.vine`);
   :func:`sample_until_signal` keeps sampling prompts under ``ppo.dynamic_sampling``;
 - :meth:`Rollout.greedy_rewards` is the task reward of one greedy response per prompt
   (``ppo.greedy_baseline``, ReMax's baseline);
@@ -30,6 +31,7 @@ from lightning_adv.trainer.rollout.batch import Scorer, build_batch, score
 from lightning_adv.trainer.rollout.dynamic_sampling import DynamicSamplingResult, sample_with_signal
 from lightning_adv.trainer.rollout.recipe_inputs import anchor_state_ids, baseline_rewards
 from lightning_adv.trainer.rollout.scoring import scoring_passes
+from lightning_adv.trainer.rollout.vine import StepValueSampling, sample_step_values
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
@@ -53,9 +55,10 @@ class Rollout:
     """Sampling, scoring and batching with one policy (and its reference) on one task."""
 
     def __init__(self, policy: Policy, reference: Optional[Any], runtime: TaskRuntime,
-                 ppo: PPOConfig, *, scorers: Sequence[Scorer] = (), keys: BatchKeys = BatchKeys()):
+                 ppo: PPOConfig, *, scorers: Sequence[Scorer] = (), keys: BatchKeys = BatchKeys(),
+                 vine: Optional[StepValueSampling] = None):
         self.policy, self.reference, self.runtime, self.ppo = policy, reference, runtime, ppo
-        self.scorers, self.keys = tuple(scorers), keys
+        self.scorers, self.keys, self.vine = tuple(scorers), keys, vine
         self.max_new_tokens = ppo.max_new_tokens or runtime.task.max_new_tokens
         self.sampling = SamplingParams(ppo.temperature, ppo.top_k, ppo.top_p,
                                        kv_cache=ppo.kv_cache)
@@ -70,16 +73,31 @@ class Rollout:
                sampler: Optional[Policy] = None) -> Groups:
         """Sample and score ``ppo.n_samples`` episodes for each prompt index (the policy in
         eval mode while sampling); ``sampler``: the module that samples instead of the
-        policy (``ppo.rollout_dtype``'s copy)."""
+        policy (``ppo.rollout_dtype``'s copy). Under ``ppo.vine`` the same sampler then
+        samples each episode's continuations from ``gen`` (:mod:`.vine`)."""
         # The value after an episode's last token is read only when it is used (the batch
         # sets it to 0 unless ppo.bootstrap_truncated)
         request = self.request(indices, self.ppo.n_samples, last_values=(
             self.ppo.bootstrap_truncated and not self.ppo.off_policy))
         self.policy.eval()
         groups = (sampler or self.policy).generate(self.runtime, request, gen)
-        self.policy.train()
         score(groups, self.runtime, self.scorers)
+        self.policy.train()
+        if self.vine is not None:
+            self.step_values(groups, gen, sampler)
         return groups
+
+    @torch.no_grad()
+    def step_values(self, groups: Groups, gen: torch.Generator,
+                    sampler: Optional[Policy] = None) -> None:
+        """``ppo.vine``: sample and score the continuations from every step boundary of the
+        scored ``groups`` (:func:`~.vine.sample_step_values`), the policy in eval mode."""
+        assert self.vine is not None, "step_values without ppo.vine"
+        was_training = self.policy.training
+        self.policy.eval()
+        sample_step_values(sampler or self.policy, self.runtime, groups, self.vine,
+                           self.request([], 1), gen)
+        self.policy.train(was_training)
 
     @torch.no_grad()
     def greedy_rewards(self, indices: Sequence[int]) -> list[float]:

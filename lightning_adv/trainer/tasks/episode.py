@@ -46,6 +46,14 @@ class Episode:
     values: Optional[list[float]] = None
     """the critic's value after reading token i (next-token convention), when the sampler
     computed them (KV-cache decoding with a value head)"""
+    step_ids: Optional[list[int]] = None
+    """``ppo.vine``: the step of token i (token-aligned like ``turn_ids``, -1 off
+    generated tokens)"""
+    mc_returns: Optional[list[list[float]]] = None
+    """``ppo.vine``: per step, the returns of the continuations sampled from the state
+    before it (NaN: unscorable)"""
+    continuation_tokens: int = 0
+    """``ppo.vine``: tokens sampled in those continuations (not trained on)"""
 
     @property
     def truncated(self) -> bool:
@@ -88,13 +96,28 @@ class Episode:
         return reply
 
 
-def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int) -> list[Episode]:
-    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order."""
+def start_episodes(runtime: TaskRuntime, indices: Sequence[int], n_samples: int,
+                   prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[Episode]:
+    """``n_samples`` episodes per prompt index, each holding its prompt tokens, in order;
+    with ``prefixes`` (one per index) also the tokens its first turn already holds, as
+    generated tokens of log-prob 0 (:attr:`GenerationRequest.prefixes`)."""
+    if prefixes is not None and len(prefixes) != len(indices):
+        raise ValueError(f"GenerationRequest.prefixes: expected one per prompt index "
+                         f"({len(indices)}), got {len(prefixes)}")
     episodes: list[Episode] = []
-    for index in indices:
+    for i, index in enumerate(indices):
         instance, prompt = runtime.instance(int(index))
         for _ in range(n_samples):
-            episodes.append(Episode(int(index), instance, list(prompt), [False] * len(prompt),
-                                    [0.0] * len(prompt), [-1] * len(prompt), [],
-                                    rollout_logprobs=[0.0] * len(prompt)))
+            ep = Episode(int(index), instance, list(prompt), [False] * len(prompt),
+                         [0.0] * len(prompt), [-1] * len(prompt), [],
+                         rollout_logprobs=[0.0] * len(prompt))
+            for token in (prefixes[i] if prefixes is not None else ()):
+                ep.append_generated(int(token), 0.0)
+            episodes.append(ep)
     return episodes
+
+
+def turn_so_far(ep: Episode) -> list[int]:
+    """The tokens of the episode's open first turn when sampling starts: its prefix
+    (:func:`start_episodes`), [] for an episode that starts from its prompt."""
+    return [t for t, g in zip(ep.tokens, ep.generated) if g]

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from lightning_adv.trainer.tasks.episode import Episode, start_episodes
+from lightning_adv.trainer.tasks.episode import Episode, start_episodes, turn_so_far
 from lightning_adv.trainer.policies.base import (
     GenerationRequest, SamplingParams, finite_or_raise)
 from lightning_adv.trainer.tasks.base import Turn
@@ -124,13 +124,13 @@ def hf_generate(policy: Any, runtime: TaskRuntime, request: GenerationRequest,
     n_samples, max_new_tokens = request.n_samples, request.max_new_tokens
     vocab = runtime.vocab
     device = next(policy.parameters()).device
-    episodes = start_episodes(runtime, request.indices, n_samples)
+    episodes = start_episodes(runtime, request.indices, n_samples, request.prefixes)
     rows = _Rows(policy, len(episodes), vocab.pad_id, device, params.kv_cache)
     for r, ep in enumerate(episodes):
         rows.pending[r] = list(ep.tokens)
     warpers = _warpers(params)
     stops = tuple(runtime.config.stop_strings)
-    turn_tokens: list[list[int]] = [[] for _ in episodes]
+    turn_tokens: list[list[int]] = [turn_so_far(ep) for ep in episodes]  # (a prefix)
     while True:
         active = [r for r, ep in enumerate(episodes) if not ep.done]
         if not active:
