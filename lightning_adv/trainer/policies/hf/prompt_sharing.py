@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -90,7 +91,7 @@ class SharedPrefixes:
         row without a prompt reads its first token as one; ``beyond_prompts=False`` makes
         no cut past the prompts, so the number of model calls (2) does not depend on the
         tokens: every rank of a sharded run then makes the same calls."""
-        rows = input_ids.detach().cpu()
+        rows = input_ids.detach().cpu().numpy()  # (numpy: the planning's many small steps)
         t = rows.shape[1]
         lengths = prompt_lengths.clamp(1, t).tolist()
         segments = _prompt_segments(rows, lengths)
@@ -104,7 +105,7 @@ class SharedPrefixes:
         return _levels(segments, rows, input_ids.device)
 
 
-def _prompt_segments(rows: Tensor, lengths: list[int]) -> list[_Segment]:
+def _prompt_segments(rows: np.ndarray, lengths: list[int]) -> list[_Segment]:
     """One segment per distinct prompt (its tokens and its length), at the first level."""
     seen: dict[tuple[int, ...], _Segment] = {}
     for row, (ids, n) in enumerate(zip(rows.tolist(), lengths)):
@@ -115,7 +116,7 @@ def _prompt_segments(rows: Tensor, lengths: list[int]) -> list[_Segment]:
     return list(seen.values())
 
 
-def _branch(rows: Tensor, segments: list[_Segment], members: list[int], start: int,
+def _branch(rows: np.ndarray, segments: list[_Segment], members: list[int], start: int,
             parent: int, min_saved: int) -> None:
     """Append the segments of ``members`` (rows holding the same tokens before ``start``,
     under ``segments[parent]``) beyond ``start``: a trie walked with a stack."""
@@ -126,7 +127,7 @@ def _branch(rows: Tensor, segments: list[_Segment], members: list[int], start: i
         if start >= t:
             continue
         block = rows[members, start:]
-        differ = (block != block[:1]).any(0).nonzero()
+        differ = np.flatnonzero((block != block[:1]).any(0))
         end = start + int(differ[0]) if len(differ) else t
         if end == t:  # one row, or rows the same to the end: one segment, no new level
             segments.append(_Segment(level, parent, members[0], start, t, members))
@@ -142,7 +143,7 @@ def _branch(rows: Tensor, segments: list[_Segment], members: list[int], start: i
         stack.extend((branch, start, parent, level) for branch in reversed(branches.values()))
 
 
-def _levels(segments: list[_Segment], rows: Tensor, device: torch.device) -> SharedPrefixes:
+def _levels(segments: list[_Segment], rows: np.ndarray, device: torch.device) -> SharedPrefixes:
     """The model calls reading ``segments`` level by level, and the outputs' gather index."""
     by_level: list[list[int]] = []
     slot = []  # each segment's index within its level
@@ -150,15 +151,15 @@ def _levels(segments: list[_Segment], rows: Tensor, device: torch.device) -> Sha
         by_level.extend([] for _ in range(segment.level + 1 - len(by_level)))
         slot.append(len(by_level[segment.level]))
         by_level[segment.level].append(i)
-    source = torch.full(rows.shape, -1, dtype=torch.long)
+    source = np.full(rows.shape, -1, dtype=np.int64)
     levels, offset = [], 0
     for depth, members in enumerate(by_level):
         width = max(segments[i].end - segments[i].start for i in members)
-        ids, mask, positions = (torch.zeros(len(members), width, dtype=torch.long)
+        ids, mask, positions = (np.zeros((len(members), width), dtype=np.int64)
                                 for _ in range(3))
         for j, segment in enumerate(segments[i] for i in members):
             pad = width - (segment.end - segment.start)
-            span = torch.arange(segment.start, segment.end)
+            span = np.arange(segment.start, segment.end)
             ids[j, pad:] = rows[segment.row, segment.start:segment.end]
             mask[j, pad:] = 1
             positions[j] = segment.start
@@ -167,11 +168,11 @@ def _levels(segments: list[_Segment], rows: Tensor, device: torch.device) -> Sha
                 span - segment.start)
         parents = None if depth == 0 else torch.tensor(
             [slot[segments[i].parent] for i in members], device=device)
-        levels.append(PrefixLevel(parents, ids.to(device), mask.to(device),
-                                  positions.to(device)))
+        levels.append(PrefixLevel(parents, *(torch.from_numpy(x).to(device)
+                                             for x in (ids, mask, positions))))
         offset += len(members) * width
     assert int(source.min()) >= 0, "a row position read by no segment"
-    return SharedPrefixes(tuple(levels), source.to(device))
+    return SharedPrefixes(tuple(levels), torch.from_numpy(source).to(device))
 
 
 def shared_prefix_pass(step: Callable[..., tuple[list[Tensor], Any]], shared: SharedPrefixes
