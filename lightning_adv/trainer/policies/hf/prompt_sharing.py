@@ -8,21 +8,19 @@ prompt is most of the tokens (about 20 of the 25 of a shipped text-task row), so
 the work is the same prompt read again. The rows of a tree rollout share more: a prefix
 of their generated tokens, branching at several depths.
 
-:class:`SharedPrefixes` cuts the rows of a right-padded batch into the segments of a
-trie of their tokens, found from the token ids alone: first each row's prompt (rows
-whose prompts are the same tokens read it once), then, beyond the prompt, a run of
-tokens that ``k >= 2`` rows share (``L`` tokens from the last cut to where they
-diverge) wherever it saves ``(k - 1) * L >= min_saved`` token reads (a cut costs one
-more model call; see :data:`MIN_SAVED_TOKENS`); each row's remaining tokens are its own
-segment. The segments at one depth of the trie make one model call (a *level*),
-left-padded. :func:`shared_prefix_pass` reads the levels in turn: every segment takes
-its parent's keys and values (the cache's ``reorder_cache``: an ``index_select``,
-through which autograd sums the children's gradients back into the parent's pass),
-then reads its own tokens with explicit positions and an attention mask over the
-cache, so a token sees exactly its row's earlier tokens. Attention is causal and a
-prefix's hidden states depend on its tokens alone, so the logits (and hidden states)
-at every position are those of a pass over the whole batch, to float rounding, and so
-are the gradients (``tests/hf/test_prompt_sharing.py``, ``tests/hf/test_shared_prefix.py``).
+:class:`SharedPrefixes` reads the segments a batch's rows share, found from their token
+ids alone (:func:`~lightning_adv.trainer.policies.shared_prefixes.prefix_segments`: the
+rows' prompts, then the runs of tokens that rows share beyond them where that saves
+enough token reads). The segments at one depth of the trie make one model call (a
+*level*), left-padded. :func:`shared_prefix_pass` reads the levels in turn: every
+segment takes its parent's keys and values (the cache's ``reorder_cache``: an
+``index_select``, through which autograd sums the children's gradients back into the
+parent's pass), then reads its own tokens with explicit positions and an attention mask
+over the cache, so a token sees exactly its row's earlier tokens. Attention is causal
+and a prefix's hidden states depend on its tokens alone, so the logits (and hidden
+states) at every position are those of a pass over the whole batch, to float rounding,
+and so are the gradients (``tests/hf/test_prompt_sharing.py``,
+``tests/hf/test_shared_prefix.py``).
 
 Rows that share only their prompt (a plain GRPO batch, or any batch with
 ``beyond_prompts=False``) make two levels: the distinct prompts, then every row's own
@@ -39,23 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-#: Beyond the prompt, a run of ``L`` tokens that ``k`` rows share is read once when that
-#: saves at least this many token reads, ``(k - 1) * L``: each cut adds a model call (on
-#: a GPU, one more read of the weights), so the few tokens that rows share by chance (a
-#: common first word) stay in each row's own segment.
-MIN_SAVED_TOKENS = 32
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """Tokens ``start..end`` of ``row``, read once for ``rows`` (which all hold them)."""
-
-    level: int
-    parent: int  # its index in the list of segments (-1 for a prompt)
-    row: int
-    start: int
-    end: int
-    rows: list[int]
+from lightning_adv.trainer.policies.shared_prefixes import (
+    MIN_SAVED_TOKENS, PrefixSegment, prefix_segments)
 
 
 @dataclass(frozen=True)
@@ -91,59 +74,13 @@ class SharedPrefixes:
         row without a prompt reads its first token as one; ``beyond_prompts=False`` makes
         no cut past the prompts, so the number of model calls (2) does not depend on the
         tokens: every rank of a sharded run then makes the same calls."""
-        rows = input_ids.detach().cpu().numpy()  # (numpy: the planning's many small steps)
-        t = rows.shape[1]
-        lengths = prompt_lengths.clamp(1, t).tolist()
-        segments = _prompt_segments(rows, lengths)
-        for prompt in range(len(segments)):
-            members, start = segments[prompt].rows, segments[prompt].end
-            if beyond_prompts:
-                _branch(rows, segments, members, start, prompt, min_saved)
-            else:
-                segments.extend(_Segment(1, prompt, r, start, t, [r])
-                                for r in members if start < t)
-        return _levels(segments, rows, input_ids.device)
+        segments = prefix_segments(input_ids, prompt_lengths, beyond_prompts=beyond_prompts,
+                                   min_saved=min_saved)
+        return _levels(segments, input_ids.detach().cpu().numpy(), input_ids.device)
 
 
-def _prompt_segments(rows: np.ndarray, lengths: list[int]) -> list[_Segment]:
-    """One segment per distinct prompt (its tokens and its length), at the first level."""
-    seen: dict[tuple[int, ...], _Segment] = {}
-    for row, (ids, n) in enumerate(zip(rows.tolist(), lengths)):
-        key = tuple(ids[:n])
-        if key not in seen:
-            seen[key] = _Segment(0, -1, row, 0, n, [])
-        seen[key].rows.append(row)
-    return list(seen.values())
-
-
-def _branch(rows: np.ndarray, segments: list[_Segment], members: list[int], start: int,
-            parent: int, min_saved: int) -> None:
-    """Append the segments of ``members`` (rows holding the same tokens before ``start``,
-    under ``segments[parent]``) beyond ``start``: a trie walked with a stack."""
-    t = rows.shape[1]
-    stack = [(members, start, parent, segments[parent].level + 1)]
-    while stack:
-        members, start, parent, level = stack.pop()
-        if start >= t:
-            continue
-        block = rows[members, start:]
-        differ = np.flatnonzero((block != block[:1]).any(0))
-        end = start + int(differ[0]) if len(differ) else t
-        if end == t:  # one row, or rows the same to the end: one segment, no new level
-            segments.append(_Segment(level, parent, members[0], start, t, members))
-            continue
-        if (len(members) - 1) * (end - start) >= min_saved:
-            segments.append(_Segment(level, parent, members[0], start, end, members))
-            parent, level, start = len(segments) - 1, level + 1, end
-        # (else the shared run stays in each branch's segment: the branches start here)
-        branches: dict[int, list[int]] = {}
-        for row, token in zip(members, rows[members, end].tolist()):
-            branches.setdefault(token, []).append(row)
-        # (pushed last first: segments come in the order of their first rows)
-        stack.extend((branch, start, parent, level) for branch in reversed(branches.values()))
-
-
-def _levels(segments: list[_Segment], rows: np.ndarray, device: torch.device) -> SharedPrefixes:
+def _levels(segments: list[PrefixSegment], rows: np.ndarray, device: torch.device
+            ) -> SharedPrefixes:
     """The model calls reading ``segments`` level by level, and the outputs' gather index."""
     by_level: list[list[int]] = []
     slot = []  # each segment's index within its level
