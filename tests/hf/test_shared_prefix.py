@@ -196,7 +196,8 @@ def test_a_policy_reads_tree_rows_once_with_a_critic(tiny_lm):
                                    msg=name)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), min_saved=st.integers(1, 40),
        prompts=st.integers(1, 3), depth=st.integers(1, 4))
 def test_any_tree_and_cut_rule_give_the_whole_batch_logits(model, seed, min_saved, prompts,

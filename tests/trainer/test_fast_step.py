@@ -367,6 +367,26 @@ def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
     assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
 
 
+def test_reference_log_probs_of_rows_read_out_of_order_equal_a_full_pass():
+    """Rows 0 and 2 share their first generated token, so the trie's segments after the
+    prompt come in the order 0, 2, 1, 3 and every row reads one of them."""
+    reference = trained_looking_policy().reference()
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, 11, (4, 12), generator=g)
+    ids[:, :5] = ids[0, :5]
+    ids[2, 5] = ids[0, 5]
+    ids[1, 5] = ids[0, 5] % 10 + 1
+    ids[3, 5] = ids[1, 5] % 10 + 1
+    lengths = torch.tensor([12, 9, 11, 10])
+    ids[torch.arange(12)[None] >= lengths[:, None]] = 0
+    prompt_lengths = torch.full((4,), 5)
+    next_real = torch.arange(12)[None] < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("min_saved", [1, 32])
 def test_reference_log_probs_of_tree_rows_equal_a_full_pass(seed, min_saved):

@@ -82,10 +82,13 @@ def _branch(rows: np.ndarray, segments: list[PrefixSegment], members: list[int],
         members, start, parent, level = stack.pop()
         if start >= t:
             continue
+        if len(members) == 1:  # a row's own tokens
+            segments.append(PrefixSegment(level, parent, members[0], start, t, members))
+            continue
         block = rows[members, start:]
         differ = np.flatnonzero((block != block[:1]).any(0))
         end = start + int(differ[0]) if len(differ) else t
-        if end == t:  # one row, or rows the same to the end: one segment, no new level
+        if end == t:  # rows the same to the end: one segment, no new level
             segments.append(PrefixSegment(level, parent, members[0], start, t, members))
             continue
         if (len(members) - 1) * (end - start) >= min_saved:

@@ -25,7 +25,8 @@ from torch import Tensor
 from lightning_adv.trainer.policies.base import (
     GenerationRequest, Policy, PromptGroups, ScoreRequest)
 from lightning_adv.trainer.policies.logprobs import entropy_of_logprobs
-from lightning_adv.trainer.policies.shared_prefixes import MIN_SAVED_TOKENS, prefix_segments
+from lightning_adv.trainer.policies.shared_prefixes import (
+    MIN_SAVED_TOKENS, PrefixSegment, prefix_segments)
 from lightning_adv.trainer.policies.tiny_network import (
     CausalTransformer, KVCache, small_log_softmax)
 from lightning_adv.trainer.policies.tiny_sampling import generate
@@ -71,6 +72,34 @@ class TinyPolicy(CausalTransformer, Policy):
         return spread(picked), None if values is None else spread(values), spread(ent)
 
 
+def _read_segments(model: CausalTransformer, cache: KVCache, ids: Tensor,
+                   read: list[tuple[PrefixSegment, int]], temperature: float, out: Tensor) -> None:
+    """One level of :func:`shared_prefix_logprobs`: each segment's holding row reads it up
+    to ``end``, the segment's other rows take that row's keys and values, and every row
+    of a segment gets its next-token log-probs at the positions read into ``out``."""
+    t = ids.shape[1]
+    holders = torch.tensor([s.row for s, _ in read], device=ids.device)
+    ends = torch.tensor([end for _, end in read], device=ids.device)
+    logits, _, positions = model.forward_cached(ids, holders, ends, cache)
+    logp = small_log_softmax(logits, temperature)  # [R, n, V]; padding at position t
+    copies = [(r, j) for j, (s, _) in enumerate(read) for r in s.rows if r != s.row]
+    if copies:
+        takers = torch.tensor([r for r, _ in copies], device=ids.device)
+        source = holders[torch.tensor([j for _, j in copies], device=ids.device)]
+        for layer in cache.layers:
+            for tensor in layer:
+                tensor[takers] = tensor[source]
+        cache.filled[takers] = cache.filled[source]
+    rows = torch.tensor([r for s, _ in read for r in s.rows], device=ids.device)
+    segment = torch.tensor([j for j, (s, _) in enumerate(read) for _ in s.rows],
+                           device=ids.device)
+    at = positions[segment]  # [M, n]: the positions each row of a segment gets
+    targets = F.pad(ids[:, 1:], (0, 1))[rows[:, None], at.clamp(max=t - 1)]
+    picked = logp[segment[:, None], torch.arange(at.shape[1], device=ids.device), targets]
+    real = at < t
+    out[rows[:, None].expand_as(at)[real], at[real]] = picked[real]
+
+
 def selected_scores(model: TinyPolicy, ids: Tensor, lengths: Tensor, request: ScoreRequest
                     ) -> dict[str, Tensor]:
     """:meth:`TinyPolicy.token_scores` from one pass over the positions they are read at:
@@ -111,31 +140,15 @@ def shared_prefix_logprobs(model: CausalTransformer, ids: Tensor, lengths: Tenso
     positions)."""
     b, t = ids.shape
     cache = KVCache(model, b, t)
-    targets = F.pad(ids[:, 1:], (0, 1))
     out = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
     needed = (lengths - 1).tolist()  # the last token predicts nothing
     segments = prefix_segments(ids, prompt_lengths, min_saved=min_saved)
     for level in range(max(s.level for s in segments) + 1):
-        read = [(s, min(s.end, max(needed[r] for r in s.rows))) for s in segments
-                if s.level == level]
+        # (in row order: forward_cached takes a read of every row for rows 0..B-1 in order)
+        read = sorted(((s, min(s.end, max(needed[r] for r in s.rows))) for s in segments
+                       if s.level == level), key=lambda item: item[0].row)
         read = [(s, end) for s, end in read if end > s.start]
-        if not read:
-            continue
-        holders = torch.tensor([s.row for s, _ in read], device=ids.device)
-        ends = torch.tensor([end for _, end in read], device=ids.device)
-        logits, _, positions = model.forward_cached(ids, holders, ends, cache)
-        logp = small_log_softmax(logits, temperature)  # [R, n, V]; padding at position t
-        takers = torch.tensor([r for s, _ in read for r in s.rows], device=ids.device)
-        segment = torch.tensor([j for j, (s, _) in enumerate(read) for _ in s.rows],
-                               device=ids.device)
-        for layer in cache.layers:  # every row of a segment takes its holder's keys, values
-            for tensor in layer:
-                tensor[takers] = tensor[holders[segment]]
-        cache.filled[takers] = ends[segment]
-        at = positions[segment]  # [M, n]: the positions each taking row gets
-        real = at < t
-        rows = takers[:, None].expand_as(at)[real]
-        picked = logp[segment][real].gather(-1, targets[rows, at[real]][:, None]).squeeze(-1)
-        out[rows, at[real]] = picked
+        if read:
+            _read_segments(model, cache, ids, read, temperature, out)
     columns = torch.arange(t, device=ids.device)
     return out.masked_fill_(columns[None] >= (lengths - 1)[:, None], 0.0)
