@@ -10,6 +10,7 @@ import warnings
 
 import lightning.pytorch as pl
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -395,6 +396,23 @@ def test_reference_log_probs_of_tree_rows_equal_a_full_pass(seed, min_saved):
     reference = trained_looking_policy(width=48).reference()
     ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed))
     ids = ids % 10 + (ids > 0)  # the policy's 11 tokens, 0 still the padding
+    next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9,
+                                 min_saved=min_saved)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+    assert not got[~next_real].any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), min_saved=st.integers(1, 40),
+       prompts=st.integers(1, 3), depth=st.integers(1, 4))
+def test_reference_log_probs_of_any_tree_equal_a_full_pass(seed, min_saved, prompts, depth):
+    reference = trained_looking_policy(width=48).reference()
+    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed),
+                                                    prompts, depth)
+    ids = ids % 10 + (ids > 0)
     next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
     with torch.no_grad():
         want = next_token_logprobs(reference(ids)[0], ids, 0.9)
