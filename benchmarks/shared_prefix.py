@@ -15,7 +15,9 @@ the summed log-probs and entropies:
   the trainer cuts it (``SharedPrefixes.of``).
 
 The sides alternate ``--repeats`` times after one untimed round; each reports the median
-milliseconds and the ratio of whole rows (and of each prompt once) to it::
+milliseconds and the ratio of whole rows (and of each prompt once) to it. Each model
+call has a fixed cost (a few milliseconds of Python and small kernels for a model this
+small, forward and backward), which a wider model makes a smaller share of the time::
 
     python benchmarks/shared_prefix.py --page
 
@@ -124,9 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--prompt", type=int, default=48, help="prompt tokens")
     parser.add_argument("--tree", type=tree_spec, nargs="+", default=[(1, 32), (2, 16), (4, 30)],
                         help="NxL at each depth: N branches of L tokens (the last: the rows' own)")
-    parser.add_argument("--hidden", type=int, default=128, help="the model's width")
+    parser.add_argument("--hidden", type=int, default=256, help="the model's width")
     parser.add_argument("--layers", type=int, default=4, help="the model's decoder layers")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds of the sides")
+    parser.add_argument("--repeats", type=int, default=9, help="timed rounds of the sides")
     parser.add_argument("--page", type=Path, nargs="?", const=DEFAULT_PAGE,
                         help=f"also write the results as a markdown page (alone: "
                              f"{harness.shown_path(DEFAULT_PAGE)})")

@@ -185,7 +185,7 @@ def test_shared_prefix_times_the_three_sides_of_the_update(tmp_path):
     text = page_of("shared_prefix", tmp_path / "sp.md", "--prompts", "1", "--prompt", "8",
                    "--tree", "1x16", "2x40", "2x4", "--hidden", "32", "--layers", "1",
                    "--repeats", "1")
-    assert "- Rows: 1 tree(s) of 4 rows, " in text and " in 4 model calls" in text
+    assert "- Rows: 1 tree(s) of 4 rows, " in text and " in 3 model calls" in text
     for side in ("whole rows", "each prompt once", "each shared prefix once"):
         assert re.search(rf"^\| {side} \| [\d.]+ \| [\d.]+× \| [\d.]+× \|$", text, re.M), side
 

@@ -153,7 +153,8 @@ def test_no_cut_beyond_the_prompts_when_asked(model):
 
 def test_the_cut_rule():
     """Three rows sharing 10 tokens past a 4-token prompt save (3 - 1) * 10 = 20 reads:
-    a cut from min_saved 20 down, none above; rows the same to the end are one segment."""
+    read with the prompt from min_saved 20 down, each row's own above; under a prompt
+    with more rows, a cut of its own; rows the same to the end are one segment."""
     gen = torch.Generator().manual_seed(6)
     shared_run = torch.randint(3, 250, (14,), generator=gen)
     rows = torch.stack([torch.cat([shared_run, torch.full((3,), token)])
@@ -161,10 +162,19 @@ def test_the_cut_rule():
     prompt_lengths = torch.full((3,), 4)
     widths = {m: [tuple(level.ids.shape) for level in SharedPrefixes.of(
         rows, prompt_lengths, min_saved=m).levels] for m in (20, 21)}
-    assert widths == {20: [(1, 4), (1, 10), (3, 3)], 21: [(1, 4), (3, 13)]}
+    assert widths == {20: [(1, 14), (3, 3)], 21: [(1, 4), (3, 13)]}
+    # a fourth row with the prompt alone: the three's run is a segment under the prompt
+    other = torch.cat([shared_run[:4], torch.full((13,), 5)])[None]
+    levels = SharedPrefixes.of(torch.cat([rows, other]), torch.full((4,), 4),
+                               min_saved=20).levels
+    assert [tuple(level.ids.shape) for level in levels] == [(1, 4), (2, 13), (3, 3)]
+    assert levels[1].mask.tolist() == [[0, 0, 0] + [1] * 10, [1] * 13]
     same = SharedPrefixes.of(rows[[0, 0, 1]], prompt_lengths, min_saved=21)
     assert [tuple(level.ids.shape) for level in same.levels] == [(1, 4), (2, 13)]
     assert torch.equal(same.source[0], same.source[1])
+    with pytest.raises(ValueError, match="min_saved: expected a number of token reads of at "
+                                         "least 1, got 0"):
+        SharedPrefixes.of(rows, prompt_lengths, min_saved=0)
     assert MIN_SAVED_TOKENS == 32
 
 

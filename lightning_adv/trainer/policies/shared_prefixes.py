@@ -5,16 +5,17 @@ segment once: :mod:`.hf.prompt_sharing`, and the built-in policy's reference pas
 
 The cuts come from the token ids alone. The first is each row's prompt: rows whose
 prompts are the same tokens share it. Beyond the prompt, a run of tokens that ``k >= 2``
-rows share (``L`` tokens from the last cut to where they diverge) is a segment of its
-own where that saves ``(k - 1) * L >= min_saved`` token reads (:data:`MIN_SAVED_TOKENS`);
-what is left of a row after its last cut is its own segment (rows the same to the end
-share it). Any cut gives the same numbers (attention is causal, so a prefix's hidden
+rows share (``L`` tokens from the last cut to where they diverge) is read once where
+that saves ``(k - 1) * L >= min_saved`` token reads (:data:`MIN_SAVED_TOKENS`): a
+segment of its own, or, for the run that all of a prompt's rows share right after it,
+part of the prompt's segment (a tree's trunk: no model call more). What is left of a
+row after its last cut is its own segment (rows the same to the end share it). Any cut gives the same numbers (attention is causal, so a prefix's hidden
 states depend on its tokens alone); the rule decides only what is read once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torch import Tensor
@@ -40,7 +41,6 @@ class PrefixSegment:
     rows: list[int]
 
 
-
 def prefix_segments(input_ids: Tensor, prompt_lengths: Tensor, *, beyond_prompts: bool = True,
                     min_saved: int = MIN_SAVED_TOKENS) -> list[PrefixSegment]:
     """The segments of the rows ``input_ids`` (``[B, T]``; padding is cut as tokens)
@@ -48,12 +48,20 @@ def prefix_segments(input_ids: Tensor, prompt_lengths: Tensor, *, beyond_prompts
     children, each level's segments in the order of their first rows. A row without a
     prompt reads its first token as one; ``beyond_prompts=False`` cuts at the prompts
     only (two levels, whatever the tokens)."""
+    if min_saved < 1:
+        raise ValueError(f"min_saved: expected a number of token reads of at least 1, got "
+                         f"{min_saved}")
     rows = input_ids.detach().cpu().numpy()  # (numpy: the trie's many small steps)
     t = rows.shape[1]
     segments = _prompt_segments(rows, prompt_lengths.clamp(1, t).tolist())
     for prompt in range(len(segments)):
         members, start = segments[prompt].rows, segments[prompt].end
         if beyond_prompts:
+            end = _shared_end(rows, members, start)
+            if (len(members) - 1) * (end - start) >= min_saved:
+                # the run all the prompt's rows share after it is read with it (no call more)
+                segments[prompt] = replace(segments[prompt], end=end)
+                start = end
             _branch(rows, segments, members, start, prompt, min_saved)
         else:
             segments.extend(PrefixSegment(1, prompt, r, start, t, [r])
@@ -72,6 +80,13 @@ def _prompt_segments(rows: np.ndarray, lengths: list[int]) -> list[PrefixSegment
     return list(seen.values())
 
 
+def _shared_end(rows: np.ndarray, members: list[int], start: int) -> int:
+    """Where the rows ``members`` first differ at or after ``start`` (the width: nowhere)."""
+    block = rows[members, start:]
+    differ = np.flatnonzero((block != block[:1]).any(0))
+    return start + int(differ[0]) if len(differ) else rows.shape[1]
+
+
 def _branch(rows: np.ndarray, segments: list[PrefixSegment], members: list[int], start: int,
             parent: int, min_saved: int) -> None:
     """Append the segments of ``members`` (rows holding the same tokens before ``start``,
@@ -85,9 +100,7 @@ def _branch(rows: np.ndarray, segments: list[PrefixSegment], members: list[int],
         if len(members) == 1:  # a row's own tokens
             segments.append(PrefixSegment(level, parent, members[0], start, t, members))
             continue
-        block = rows[members, start:]
-        differ = np.flatnonzero((block != block[:1]).any(0))
-        end = start + int(differ[0]) if len(differ) else t
+        end = _shared_end(rows, members, start)
         if end == t:  # rows the same to the end: one segment, no new level
             segments.append(PrefixSegment(level, parent, members[0], start, t, members))
             continue
