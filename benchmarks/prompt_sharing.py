@@ -47,7 +47,7 @@ def run_side(config: dict[str, Any], share: bool, steps: int, warmup: int, out: 
     module = PPOModule(**config)
     # whole rows: the policy's and the reference's passes are given no prompt groups to share
     whole_rows = mock.patch("lightning_adv.trainer.policies.hf.policy._shared",
-                            lambda ids, prompts: None)
+                            lambda *args: None)
     times: dict[str, list[float]] = defaultdict(list)
     for phase, (holder, name) in PHASES.items():
         owner = getattr(module, holder) if holder else module

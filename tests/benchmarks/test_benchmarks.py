@@ -179,3 +179,17 @@ def test_prompt_sharing_times_both_sides_in_one_process(tmp_path):
     for phase in ("sampling", "scoring", "update", "total"):
         assert re.search(rf"^\| {phase} \| [\d.]+ \| [\d.]+ \| [\d.]+× \|$", text, re.M), phase
     assert not (REPO / "hf_model").exists()
+
+
+def test_shared_prefix_times_the_three_sides_of_the_update(tmp_path):
+    text = page_of("shared_prefix", tmp_path / "sp.md", "--prompts", "1", "--prompt", "8",
+                   "--tree", "1x16", "2x40", "2x4", "--hidden", "32", "--layers", "1",
+                   "--repeats", "1")
+    assert "- Rows: 1 tree(s) of 4 rows, " in text and " in 3 model calls" in text
+    for side in ("whole rows", "each prompt once", "each shared prefix once"):
+        assert re.search(rf"^\| {side} \| [\d.]+ \| [\d.]+× \| [\d.]+× \|$", text, re.M), side
+
+
+def test_shared_prefix_refuses_a_bad_tree():
+    run = run_script("shared_prefix", "--tree", "2x")
+    assert run.returncode == 2 and "expected NxL (branches x tokens), got '2x'" in run.stderr

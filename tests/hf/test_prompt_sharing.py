@@ -18,7 +18,7 @@ from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.policies.base import SCORES, PromptGroups, ScoreRequest
 from lightning_adv.trainer.policies.hf.policy import build_hf_policy
-from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrompts
+from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrefixes
 from lightning_adv.trainer.tasks.text import write_text_dataset
 
 CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
@@ -70,7 +70,7 @@ def test_a_shared_prompt_pass_is_one_pass_over_the_batch(arch, case, tiny_lm, ti
     perturbed(policy)
     ids, lengths, prompt_lengths = rows_sharing_prompts()
     # three prompts, and the row without one
-    assert len(SharedPrompts.of(ids, prompt_lengths).first_rows) == 4
+    assert len(SharedPrefixes.of(ids, prompt_lengths).levels[0].ids) == 4
     groups = PromptGroups(prompt_lengths, 3)
     real = torch.arange(ids.shape[1])[None] < lengths[:, None]
     outputs, grads = {}, {}
@@ -134,7 +134,7 @@ def one_step(tiny_lm, dataset, share, out):
                          enable_model_summary=False, default_root_dir=out)
     # share false: the policy's and the reference's passes read every row whole
     whole_rows = mock.patch("lightning_adv.trainer.policies.hf.policy._shared",
-                            lambda ids, prompts: None)
+                            lambda *args: None)
     with contextlib.nullcontext() if share else whole_rows:
         trainer.fit(module)
     return losses, {n: p.detach() for n, p in module.policy.named_parameters()}

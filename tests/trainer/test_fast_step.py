@@ -10,6 +10,7 @@ import warnings
 
 import lightning.pytorch as pl
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -18,13 +19,14 @@ from lightning_adv.trainer import PPOConfig, PPOModule, PolicyConfig, TaskConfig
 from lightning_adv.losses.ppo_loss import PPOLoss
 from lightning_adv.trainer.policies.base import (
     GenerationRequest, Policy, PromptGroups, ScoreRequest)
-from lightning_adv.trainer.policies.tiny import TinyPolicy, shared_prompt_logprobs
+from lightning_adv.trainer.policies.tiny import TinyPolicy, shared_prefix_logprobs
 from lightning_adv.trainer.policies.tiny_network import small_log_softmax
 from lightning_adv.trainer.policies.logprobs import next_token_logprobs
 from lightning_adv.trainer.rollout.batch import build_batch, score
 from lightning_adv.trainer.rollout.scoring import scoring_passes
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 from lightning_adv.trainer.data import generator
+from tests.support.trees import random_tree_rows
 
 
 def trained_looking_policy(n_layers=2, value_head=True, vocab=11, width=24):
@@ -352,13 +354,69 @@ def test_reference_log_probs_with_shared_prompts_equal_a_full_pass():
     next_real = columns < (lengths - 1)[:, None]
     with torch.no_grad():
         want = next_token_logprobs(reference(ids)[0], ids, 0.9)
-    got = shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9)
     assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
     assert not got[~next_real].any()
-    # through scoring_passes, and not when a group's prompts differ
+    # through scoring_passes; and a group whose prompts differ reads them apart
     out = scoring_passes(trained_looking_policy(), reference, ids, lengths, ScoreRequest(
         frozenset(), 0.9, PromptGroups(prompt_lengths, 4)))
     assert torch.equal(out["ref_logp"], got)
     ids[5, 0] = ids[5, 0] % 10 + 1
-    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 4, 0.9) is None
-    assert shared_prompt_logprobs(reference, ids, lengths, prompt_lengths, 5, 0.9) is None
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+
+
+def test_reference_log_probs_of_rows_read_out_of_order_equal_a_full_pass():
+    """Rows 0 and 2 share their first generated token, so the trie's segments after the
+    prompt come in the order 0, 2, 1, 3 and every row reads one of them."""
+    reference = trained_looking_policy().reference()
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, 11, (4, 12), generator=g)
+    ids[:, :5] = ids[0, :5]
+    ids[2, 5] = ids[0, 5]
+    ids[1, 5] = ids[0, 5] % 10 + 1
+    ids[3, 5] = ids[1, 5] % 10 + 1
+    lengths = torch.tensor([12, 9, 11, 10])
+    ids[torch.arange(12)[None] >= lengths[:, None]] = 0
+    prompt_lengths = torch.full((4,), 5)
+    next_real = torch.arange(12)[None] < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("min_saved", [1, 32])
+def test_reference_log_probs_of_tree_rows_equal_a_full_pass(seed, min_saved):
+    """Rows of trees (a prompt, then segments branching at random depths, rows of
+    different lengths, one row repeated), each shared segment read once."""
+    reference = trained_looking_policy(width=48).reference()
+    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed))
+    ids = ids % 10 + (ids > 0)  # the policy's 11 tokens, 0 still the padding
+    next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9,
+                                 min_saved=min_saved)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+    assert not got[~next_real].any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), min_saved=st.integers(1, 40),
+       prompts=st.integers(1, 3), depth=st.integers(1, 4))
+def test_reference_log_probs_of_any_tree_equal_a_full_pass(seed, min_saved, prompts, depth):
+    reference = trained_looking_policy(width=48).reference()
+    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed),
+                                                    prompts, depth)
+    ids = ids % 10 + (ids > 0)
+    next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
+    with torch.no_grad():
+        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
+    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9,
+                                 min_saved=min_saved)
+    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
+    assert not got[~next_real].any()

@@ -8,8 +8,8 @@ Its shortcuts are its own business, each tested equal to the plain path of
 - scoring and the update's forward computed at the positions that are read only
   (:meth:`~.tiny_network.CausalTransformer.forward_selected`: a third of a padded batch's
   positions on the shipped configs);
-- a reference pass that reads each prompt group's prompt once, with a KV cache
-  (:func:`shared_prompt_logprobs`);
+- a reference pass that reads each shared prompt, and each prefix rows share beyond
+  it, once, with a KV cache (:func:`shared_prefix_logprobs`);
 - the written-out log-softmax over its few dozen tokens
   (:func:`~.tiny_network.small_log_softmax`).
 """
@@ -25,6 +25,8 @@ from torch import Tensor
 from lightning_adv.trainer.policies.base import (
     GenerationRequest, Policy, PromptGroups, ScoreRequest)
 from lightning_adv.trainer.policies.logprobs import entropy_of_logprobs
+from lightning_adv.trainer.policies.shared_prefixes import (
+    MIN_SAVED_TOKENS, PrefixSegment, prefix_segments)
 from lightning_adv.trainer.policies.tiny_network import (
     CausalTransformer, KVCache, small_log_softmax)
 from lightning_adv.trainer.policies.tiny_sampling import generate
@@ -46,11 +48,10 @@ class TinyPolicy(CausalTransformer, Policy):
     @torch.no_grad()
     def token_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
                      ) -> dict[str, Tensor]:
-        if request.want == {"logprobs"} and request.prompts is not None:
-            shared = shared_prompt_logprobs(self, ids, lengths, request.prompts.prompt_lengths,
-                                            request.prompts.size, request.temperature)
-            if shared is not None:
-                return {"logprobs": shared}
+        prompts = request.prompts
+        if request.want == {"logprobs"} and prompts is not None and prompts.size > 1:
+            return {"logprobs": shared_prefix_logprobs(self, ids, lengths, prompts.prompt_lengths,
+                                                       request.temperature)}
         return selected_scores(self, ids, lengths, request)
 
     def train_forward(self, ids: Tensor, active: Tensor, temperature: float,
@@ -69,6 +70,34 @@ class TinyPolicy(CausalTransformer, Policy):
             return x.new_zeros(active.shape).masked_scatter(active, x)
 
         return spread(picked), None if values is None else spread(values), spread(ent)
+
+
+def _read_segments(model: CausalTransformer, cache: KVCache, ids: Tensor,
+                   read: list[tuple[PrefixSegment, int]], temperature: float, out: Tensor) -> None:
+    """One level of :func:`shared_prefix_logprobs`: each segment's holding row reads it up
+    to ``end``, the segment's other rows take that row's keys and values, and every row
+    of a segment gets its next-token log-probs at the positions read into ``out``."""
+    t = ids.shape[1]
+    holders = torch.tensor([s.row for s, _ in read], device=ids.device)
+    ends = torch.tensor([end for _, end in read], device=ids.device)
+    logits, _, positions = model.forward_cached(ids, holders, ends, cache)
+    logp = small_log_softmax(logits, temperature)  # [R, n, V]; padding at position t
+    copies = [(r, j) for j, (s, _) in enumerate(read) for r in s.rows if r != s.row]
+    if copies:
+        takers = torch.tensor([r for r, _ in copies], device=ids.device)
+        source = holders[torch.tensor([j for _, j in copies], device=ids.device)]
+        for layer in cache.layers:
+            for tensor in layer:
+                tensor[takers] = tensor[source]
+        cache.filled[takers] = cache.filled[source]
+    rows = torch.tensor([r for s, _ in read for r in s.rows], device=ids.device)
+    segment = torch.tensor([j for j, (s, _) in enumerate(read) for _ in s.rows],
+                           device=ids.device)
+    at = positions[segment]  # [M, n]: the positions each row of a segment gets
+    targets = F.pad(ids[:, 1:], (0, 1))[rows[:, None], at.clamp(max=t - 1)]
+    picked = logp[segment[:, None], torch.arange(at.shape[1], device=ids.device), targets]
+    real = at < t
+    out[rows[:, None].expand_as(at)[real], at[real]] = picked[real]
 
 
 def selected_scores(model: TinyPolicy, ids: Tensor, lengths: Tensor, request: ScoreRequest
@@ -100,48 +129,28 @@ def selected_scores(model: TinyPolicy, ids: Tensor, lengths: Tensor, request: Sc
 
 
 @torch.no_grad()
-def shared_prompt_logprobs(model: CausalTransformer, ids: Tensor, lengths: Tensor,
-                           prompt_lengths: Tensor, group: int, temperature: float
-                           ) -> Optional[Tensor]:
+def shared_prefix_logprobs(model: CausalTransformer, ids: Tensor, lengths: Tensor,
+                           prompt_lengths: Tensor, temperature: float, *,
+                           min_saved: int = MIN_SAVED_TOKENS) -> Tensor:
     """The next-token log-probs of the right-padded rows ``ids`` (``[B, T]``, 0 where no
-    next token), with a KV cache that reads the prompt of each group of ``group``
-    consecutive rows once: the group's first row's prompt, whose keys and values the other
-    rows take, then every row's remaining tokens. None when some group's rows do not share
-    their prompt (or the rows do not split into such groups). The numbers of a full pass,
-    to float rounding (the prompt's share of the work is read ``group`` times less: about
-    half of a ``reverse`` batch's positions)."""
+    next token), with a KV cache that reads each segment the rows share once
+    (:func:`~lightning_adv.trainer.policies.shared_prefixes.prefix_segments`: their
+    prompts, and the runs of tokens rows share beyond them): level by level, one row
+    holding each segment reads it (up to the last position any of its rows needs), and
+    the segment's other rows take that row's keys and values. The numbers of a full
+    pass, to float rounding (a ``reverse`` batch's prompts are about half its
+    positions)."""
     b, t = ids.shape
-    if group < 2 or b % group or not bool((prompt_lengths >= 1).all()):
-        return None
-    grouped = ids.view(b // group, group, t)
-    columns = torch.arange(t, device=ids.device)
-    in_prompt = (columns[None] < prompt_lengths[:, None]).view(b // group, group, t)
-    same = ((grouped == grouped[:, :1]) | ~in_prompt).all() and bool(
-        (prompt_lengths.view(-1, group) == prompt_lengths.view(-1, group)[:, :1]).all())
-    if not same:
-        return None
     cache = KVCache(model, b, t)
-    leaders = torch.arange(0, b, group, device=ids.device)
-    targets = F.pad(ids[:, 1:], (0, 1))
     out = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
-
-    def put(rows: Tensor, logits: Tensor, positions: Tensor) -> None:
-        real = positions < t  # (padding reads sit at position t)
-        row = rows[:, None].expand_as(positions)[real]
-        at = positions[real]
-        logp = small_log_softmax(logits[real], temperature)
-        out[row, at] = logp.gather(-1, targets[row, at][:, None]).squeeze(-1)
-
-    logits, _, positions = model.forward_cached(ids, leaders, prompt_lengths[leaders], cache)
-    for layer in cache.layers:
-        for tensor in layer:  # each group's rows take its first row's keys and values
-            view = tensor.view(b // group, group, *tensor.shape[1:])
-            view[:, 1:] = view[:, :1]
-    cache.filled.copy_(prompt_lengths)
-    for member in range(group):  # the prompt's log-probs, the same for the whole group
-        put(leaders + member, logits, positions)
-    everyone = torch.arange(b, device=ids.device)
-    last = (lengths - 1).clamp(min=prompt_lengths)  # the last token predicts nothing
-    logits, _, positions = model.forward_cached(ids, everyone, last, cache)
-    put(everyone, logits, positions)
+    needed = (lengths - 1).tolist()  # the last token predicts nothing
+    segments = prefix_segments(ids, prompt_lengths, min_saved=min_saved)
+    for level in range(max(s.level for s in segments) + 1):
+        # (in row order: forward_cached takes a read of every row for rows 0..B-1 in order)
+        read = sorted(((s, min(s.end, max(needed[r] for r in s.rows))) for s in segments
+                       if s.level == level), key=lambda item: item[0].row)
+        read = [(s, end) for s, end in read if end > s.start]
+        if read:
+            _read_segments(model, cache, ids, read, temperature, out)
+    columns = torch.arange(t, device=ids.device)
     return out.masked_fill_(columns[None] >= (lengths - 1)[:, None], 0.0)

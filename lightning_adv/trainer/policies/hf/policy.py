@@ -37,7 +37,7 @@ from lightning_adv.trainer.policies.base import (
 from lightning_adv.trainer.policies.config import LoRAConfig, PolicyConfig
 from lightning_adv.trainer.policies.hf.gguf import model_source, without_gguf_quantizer
 from lightning_adv.trainer.policies.hf.prompt_sharing import (
-    SharedPrompts, base_model_pass, causal_lm_pass)
+    SharedPrefixes, base_model_pass, causal_lm_pass)
 from lightning_adv.trainer.policies.token_stats import (
     entropy_rows, next_token_stats, sum_pi_squared_rows)
 
@@ -68,7 +68,7 @@ class HFPolicy(Policy):
     values ``[B, T]`` or None): position ``t`` has read tokens ``0..t``.
 
     Its shortcuts: sampling with the model's KV cache (:mod:`.sampling`), every pass over
-    a batch reading each shared prompt once (:mod:`.prompt_sharing`), and log-probs,
+    a batch reading each shared prefix once (:mod:`.prompt_sharing`), and log-probs,
     entropies and ``sum_pi_squared`` reduced over the vocabulary in chunks
     (:mod:`~lightning_adv.trainer.policies.token_stats`).
     """
@@ -96,10 +96,10 @@ class HFPolicy(Policy):
     def config(self) -> Any:
         return self.model.config
 
-    def forward(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+    def forward(self, input_ids: Tensor, shared: Optional[SharedPrefixes] = None
                 ) -> tuple[Tensor, Optional[Tensor]]:
-        """``shared``: the rows that share their prompt, each distinct prompt read once
-        (:mod:`~lightning_adv.trainer.policies.hf.prompt_sharing`; the same numbers)."""
+        """``shared``: the segments the rows share (their prompts, and beyond), each read
+        once (:mod:`~lightning_adv.trainer.policies.hf.prompt_sharing`; the same numbers)."""
         trunk = self.value_head is not None and self.critic is None
         logits, hidden = causal_lm_pass(self.model, input_ids, shared, hidden=trunk)
         values = None
@@ -122,13 +122,13 @@ class HFPolicy(Policy):
     @torch.no_grad()
     def token_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
                      ) -> dict[str, Tensor]:
-        logits, values = self(ids, _shared(ids, request.prompts))
+        logits, values = self(ids, _shared(ids, request.prompts, self))
         return _chunked_scores(logits, values, ids, lengths, request)
 
     def train_forward(self, ids: Tensor, active: Tensor, temperature: float,
                       entropy_grad: bool, prompts: Optional[PromptGroups] = None
                       ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-        logits, values = self(ids, _shared(ids, prompts))
+        logits, values = self(ids, _shared(ids, prompts, self))
         logprobs, ent = next_token_stats(logits, ids, temperature, True, entropy_grad)
         assert ent is not None
         return logprobs, values, ent
@@ -155,7 +155,7 @@ class HFPolicy(Policy):
                          logits_to_keep=1)
         return out.logits, out.cache
 
-    def reference_logits(self, input_ids: Tensor, shared: Optional[SharedPrompts] = None
+    def reference_logits(self, input_ids: Tensor, shared: Optional[SharedPrefixes] = None
                          ) -> Tensor:
         """The logits of the model with its LoRA adapters disabled: the reference policy
         under LoRA (a method of its own, so that a sharded policy gathers its weights for
@@ -167,7 +167,7 @@ class HFPolicy(Policy):
     def reference_scores(self, ids: Tensor, lengths: Tensor, request: ScoreRequest
                          ) -> dict[str, Tensor]:
         """:meth:`token_scores` of the model with its LoRA adapters disabled."""
-        logits = self.reference_logits(ids, _shared(ids, request.prompts))
+        logits = self.reference_logits(ids, _shared(ids, request.prompts, self))
         return _chunked_scores(logits, None, ids, lengths, request)
 
     def reference(self) -> "AdapterDisabledReference | FrozenHFPolicy":  # type: ignore[override]
@@ -251,12 +251,17 @@ class AdapterDisabledReference:
         return self.policy.reference_scores(ids, lengths, request)
 
 
-def _shared(ids: Tensor, prompts: Optional[PromptGroups]) -> Optional[SharedPrompts]:
-    """The distinct prompts of the rows, to read once, when they come in groups (decided by
-    the group size alone: every rank of a sharded run then runs the same passes)."""
+def _shared(ids: Tensor, prompts: Optional[PromptGroups], policy: nn.Module
+            ) -> Optional[SharedPrefixes]:
+    """The segments the rows share, to read once, when they come in prompt groups. Whether
+    to share is decided by the group size alone, and a sharded ``policy`` cuts at the
+    prompts only: every rank of a sharded run then makes the same model calls (each
+    gathers the weights), whatever its rows' tokens."""
+    from lightning_adv.trainer.policies.sharding import is_sharded
+
     if prompts is None or prompts.size < 2:
         return None
-    return SharedPrompts.of(ids, prompts.prompt_lengths)
+    return SharedPrefixes.of(ids, prompts.prompt_lengths, beyond_prompts=not is_sharded(policy))
 
 
 def _chunked_scores(logits: Tensor, values: Optional[Tensor], ids: Tensor, lengths: Tensor,
