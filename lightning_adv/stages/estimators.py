@@ -111,16 +111,21 @@ def _checked_rollout_is_weights(inputs: TemporalInputs, where: str) -> Optional[
     return torch.where(mask > 0, value, torch.zeros_like(value)).double()
 
 
-def _otb_inputs_checked(inputs: TemporalInputs, where: str) -> None:
+def check_one_row_per_rollout(inputs: TemporalInputs, where: str, why: str) -> None:
+    """The batch has meta, and no logical rollout is split over several rows (``why``: what
+    the stage needs whole rows for, for the error)."""
     if inputs.meta is None:
         raise ValueError(f"{where}: needs the prompt groups of meta; build the batch with "
                          f"concat_batch or pass a BatchMeta")
     groups = inputs.meta.rollout_groups or []
     split = [i for i, g in enumerate(groups) if g is not None and g.n_rows > g.n_rollouts]
     if split:
-        raise ValueError(f"{where}: the per-step baseline lines up whole responses, and these "
-                         f"logical rollouts split over several rows (prompts {split[:10]}) are "
-                         f"not; give each rollout one row")
+        raise ValueError(f"{where}: {why}, and these logical rollouts split over several rows "
+                         f"(prompts {split[:10]}) are not; give each rollout one row")
+
+
+def _otb_inputs_checked(inputs: TemporalInputs, where: str) -> None:
+    check_one_row_per_rollout(inputs, where, "the per-step baseline lines up whole responses")
     if inputs.old_logprobs is None:
         raise ValueError(f"{where}: TemporalInputs.old_logprobs is None (the pipeline passes the "
                          f"aligned old log-probs)")

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from lightning_adv._checks import check_bool, check_choice, positive_number
 from lightning_adv.ops.trees import TreePaths, tree_paths
+from lightning_adv.stages.estimators import check_one_row_per_rollout
 from lightning_adv.stages.registry import register_stage
 from lightning_adv.stages.types import TemporalInputs, TemporalResult
 
@@ -40,15 +41,7 @@ def _choice(choices: tuple):
 
 def tree_rows(inputs: TemporalInputs, where: str) -> tuple[TreePaths, Tensor]:
     """The checked trees of the batch and each row's prompt group."""
-    if inputs.meta is None:
-        raise ValueError(f"{where}: needs the prompt groups of meta; build the batch with "
-                         f"concat_batch or pass a BatchMeta")
-    groups = inputs.meta.rollout_groups or []
-    split = [i for i, g in enumerate(groups) if g is not None and g.n_rows > g.n_rollouts]
-    if split:
-        raise ValueError(f"{where}: each row is one root-to-leaf path, and these logical "
-                         f"rollouts split over several rows (prompts {split[:10]}) are not; give "
-                         f"each rollout one row")
+    check_one_row_per_rollout(inputs, where, "each row is one root-to-leaf path")
     data = inputs.data if inputs.data is not None else {}
     node_ids = data.get("tree_node_ids")
     if node_ids is None:

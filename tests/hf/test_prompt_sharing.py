@@ -20,6 +20,7 @@ from lightning_adv.trainer.policies.base import SCORES, PromptGroups, ScoreReque
 from lightning_adv.trainer.policies.hf.policy import build_hf_policy
 from lightning_adv.trainer.policies.hf.prompt_sharing import SharedPrefixes
 from lightning_adv.trainer.tasks.text import write_text_dataset
+from tests.support.trees import padded_in_random_order
 
 CHAR_MATCH = "lightning_adv.trainer.tasks.text.char_match"
 
@@ -42,13 +43,7 @@ def rows_sharing_prompts(seed=0):
             prompt_lengths.append(n)
     rows.append(torch.randint(3, 250, (6,), generator=gen))
     prompt_lengths.append(0)
-    width = max(len(r) for r in rows) + 1
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
-    order = torch.randperm(len(rows), generator=gen)
-    lengths = torch.tensor([len(r) for r in rows])[order]
-    return ids[order], lengths, torch.tensor(prompt_lengths)[order]
+    return padded_in_random_order(rows, prompt_lengths, 1, gen)
 
 
 def perturbed(policy, seed=1):

@@ -28,7 +28,13 @@ def random_tree_rows(gen, prompts=2, depth=3, duplicate=True):
     if duplicate:
         rows.append(rows[0])
         prompt_lengths.append(prompt_lengths[0])
-    width = max(len(r) for r in rows) + randint(0, 2)
+    return padded_in_random_order(rows, prompt_lengths, randint(0, 2), gen)
+
+
+def padded_in_random_order(rows, prompt_lengths, extra, gen):
+    """``rows`` (token tensors) right-padded with 0 to the longest plus ``extra`` columns,
+    shuffled by ``gen``: (ids, lengths, prompt lengths)."""
+    width = max(len(r) for r in rows) + extra
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = r

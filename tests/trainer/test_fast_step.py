@@ -393,8 +393,15 @@ def test_reference_log_probs_of_rows_read_out_of_order_equal_a_full_pass():
 def test_reference_log_probs_of_tree_rows_equal_a_full_pass(seed, min_saved):
     """Rows of trees (a prompt, then segments branching at random depths, rows of
     different lengths, one row repeated), each shared segment read once."""
+    check_tree_reference(seed, min_saved, prompts=2, depth=3)
+
+
+def check_tree_reference(seed: int, min_saved: int, prompts: int, depth: int) -> None:
+    """The shared-prefix reference log-probs of random tree rows equal a full pass (0 past
+    each row's last prediction)."""
     reference = trained_looking_policy(width=48).reference()
-    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed))
+    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed),
+                                                    prompts, depth)
     ids = ids % 10 + (ids > 0)  # the policy's 11 tokens, 0 still the padding
     next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
     with torch.no_grad():
@@ -409,14 +416,4 @@ def test_reference_log_probs_of_tree_rows_equal_a_full_pass(seed, min_saved):
 @given(seed=st.integers(0, 2**31 - 1), min_saved=st.integers(1, 40),
        prompts=st.integers(1, 3), depth=st.integers(1, 4))
 def test_reference_log_probs_of_any_tree_equal_a_full_pass(seed, min_saved, prompts, depth):
-    reference = trained_looking_policy(width=48).reference()
-    ids, lengths, prompt_lengths = random_tree_rows(torch.Generator().manual_seed(seed),
-                                                    prompts, depth)
-    ids = ids % 10 + (ids > 0)
-    next_real = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
-    with torch.no_grad():
-        want = next_token_logprobs(reference(ids)[0], ids, 0.9)
-    got = shared_prefix_logprobs(reference, ids, lengths, prompt_lengths, 0.9,
-                                 min_saved=min_saved)
-    assert torch.allclose(got[next_real], want[next_real], atol=1e-5)
-    assert not got[~next_real].any()
+    check_tree_reference(seed, min_saved, prompts, depth)
