@@ -55,7 +55,8 @@ import torch  # noqa: E402  (after the thread settings: OpenMP reads them when t
 
 from lightning_adv import (  # noqa: E402
     ActorConfig, AdvantageModule, compute_token_gae, compute_turn_gae)
-from lightning_adv.testing.synthetic import Inputs, module_configs, realistic_inputs  # noqa: E402
+from lightning_adv.testing.synthetic import (  # noqa: E402
+    Inputs, module_configs, realistic_inputs, with_stage_inputs)
 
 
 @dataclass
@@ -156,7 +157,9 @@ def size_cases(x: Inputs, threads: int, kernels: Sequence[tuple[str, float, floa
                       threads))
     for name, config in configs.items():
         module = AdvantageModule(config)
-        cases.append(Case(f"module {name}", lambda m=module: m(x.batch, x.meta), threads))
+        batch = with_stage_inputs(x.batch, module.required_batch_keys,
+                                  torch.Generator().manual_seed(0))
+        cases.append(Case(f"module {name}", lambda m=module, b=batch: m(b, x.meta), threads))
     for fn_name, fn in loops.items():
         label, kernel = LOOPS[fn_name]
         cases.append(Case(label, call(kernel, fn, *LOOP_COEFFICIENTS), threads, slow=True))

@@ -3,7 +3,8 @@
 :func:`realistic_inputs` builds a batch shaped like an agentic RL rollout (prompt groups,
 multi-turn replies with tool-output gaps, right padding, truncated rows) through
 :func:`~lightning_adv.concat_batch`, with the aligned tensors the GAE kernels take.
-:func:`module_configs` names the ``ActorConfig`` s worth timing or checking on it.
+:func:`module_configs` names the ``ActorConfig`` s worth timing or checking on it, and
+:func:`with_stage_inputs` adds the keys their stages require beyond a rollout's.
 """
 
 from __future__ import annotations
@@ -129,3 +130,20 @@ def realistic_inputs(bs: int, width: int, device: torch.device, seed: int = 0) -
     context = GAELambdaContext(lengths, torch.zeros_like(lengths), lengths)
     row_lambda = vapo_length_adaptive_gae(context, alpha=0.05)
     return Inputs(batch, meta, rewards, values, mask, turn_ids, bootstrap, row_lambda)
+
+
+def with_stage_inputs(batch: dict, keys: frozenset, gen: torch.Generator) -> dict:
+    """A new ``batch`` with the keys a config's stages require beyond the rollout's
+    (``AdvantageModule.required_batch_keys``), drawn at random from ``gen``: ``entropies``
+    (in ``[0, 3)``) and ``mc_returns`` (two returns for each of a row's turns, NaN past
+    them); the synthetic batch has the others."""
+    batch = dict(batch)
+    if "entropies" in keys:
+        batch["entropies"] = torch.rand(batch["loss_mask"].shape, generator=gen) * 3
+    if "mc_returns" in keys:
+        turns = [len(set(row[row >= 0].tolist())) for row in batch["turn_ids"]]
+        table = torch.full((len(turns), max(turns), 2), float("nan"))
+        for b, n in enumerate(turns):
+            table[b, :n] = torch.rand(n, 2, generator=gen)
+        batch["mc_returns"] = table
+    return batch

@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from lightning_adv import ActorConfig, AdvantageModule
-from lightning_adv.testing.synthetic import ROWS_PER_PROMPT, module_configs, realistic_inputs
+from lightning_adv.testing.synthetic import (
+    ROWS_PER_PROMPT, module_configs, realistic_inputs, with_stage_inputs)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -59,6 +60,9 @@ def test_module_configs_are_the_defaults_and_each_shipped_actor_section():
 
 def test_every_config_runs_on_the_synthetic_batch():
     x = realistic_inputs(16, 48, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
     for name, config in module_configs(CONFIGS).items():
-        out = AdvantageModule(config)(x.batch, x.meta)
+        module = AdvantageModule(config)
+        batch = with_stage_inputs(x.batch, module.required_batch_keys, gen)
+        out = module(batch, x.meta)
         assert bool(torch.isfinite(out["advantages"]).all()), name

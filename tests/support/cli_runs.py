@@ -12,7 +12,7 @@ from lightning_adv.cli import main
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 SHIPPED = ["ppo", "grpo", "dr_grpo", "turn_gae", "gvpo_prm", "grpo_dynamic", "turn_rloo", "gigpo",
-           "vine"]
+           "vine", "gtpo"]
 SMALL = ["--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false", "--model.ppo.prompts_per_step=4",
          "--model.ppo.n_samples=4", "--model.ppo.minibatches=2", "--model.ppo.epochs=1",
