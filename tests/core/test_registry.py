@@ -87,7 +87,9 @@ def test_the_old_tables_still_work_and_warn():  # removed as data, kept one rele
 ALLOWED = {"config/recipe_table.py": None, "integrations/verl.py": {"VERL_ESTIMATORS"}}
 #: Another concept's value that happens to equal a stage name: rollout correction's
 #: ``loss_type: reinforce`` (verl's name for the -w A log pi loss).
-OTHER_CONCEPTS = {("losses/rollout_correction.py", "reinforce"), ("losses/ppo_loss.py", "reinforce")}
+OTHER_CONCEPTS = {("losses/rollout_correction.py", "reinforce"), ("losses/ppo_loss.py", "reinforce"),
+                  # the ppo.vine config field and the random stream of its continuations
+                  ("trainer/config.py", "vine"), ("trainer/logs/heatmap_log.py", "vine")}
 
 
 def _defaults(tree: ast.AST) -> set[int]:

@@ -25,6 +25,7 @@ import torch
 
 from lightning_adv.advantage.reward_terms import scale_rewards
 from lightning_adv.config import ActorConfig
+from lightning_adv.stages.outcome import identity
 from lightning_adv.stages.registry import selected_stage
 from lightning_adv.trainer.config import PPOConfig, PRMConfig, VineConfig
 from lightning_adv.trainer.policies.base import GenerationRequest, Policy
@@ -156,7 +157,7 @@ def check_vine_options(needs: frozenset[str], actor: ActorConfig, ppo: PPOConfig
         ("actor.truncated_reward", actor.truncated_reward is not None),
         ("actor.overlong_reward_penalty", actor.overlong_reward_penalty),
         ("actor.mask_no_eos_with_zero", actor.mask_no_eos_with_zero),
-        ("actor.advantage.outcome_reward_shaping", outcome is None or outcome.name != "identity"),
+        ("actor.advantage.outcome_reward_shaping", outcome is None or outcome.fn is not identity),
         ("prm.enabled", prm.enabled)) if on]
     if changed:
         raise ValueError(f"ppo.vine: a continuation's return is its task reward, scaled and "
