@@ -82,8 +82,8 @@ def test_real_model_trains_both_trainers_and_lora_and_writes_page_and_json(tmp_p
         assert re.search(rf"^\| {re.escape(name)} \| [\d.]+ ± 0\.000 \| [+-]?[\d.]+ ± 0\.000 \| ",
                          text, re.M), name
     for name in ("lightning_adv fit", "lightning_adv fit, LoRA"):  # the update's FLOP/s
-        assert re.search(rf"^\| {re.escape(name)} \| 1 \| [\d.]+ \| \d+ \| \d+ \| [\d.]+ "
-                         rf"\([46]N\) \| [\d.]+ \| [\d.]+ \|$", text, re.M), name
+        assert re.search(rf"^\| {re.escape(name)} \| 1 \| [\d.]+ \| \d+ \| \d+ \| \d+ \| "
+                         rf"[\d.]+ \([46]N\) \| [\d.]+ \| [\d.]+ \|$", text, re.M), name
     assert re.search(r"^\| lightning_adv fit − TRL GRPOTrainer \| [+-][\d.]+ ± 0\.000 \| ",
                      text, re.M)
 
