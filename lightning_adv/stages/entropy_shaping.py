@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lightning_adv._checks import check_number, unit_interval
 from lightning_adv.stages.registry import register_stage
-from lightning_adv.stages.types import ProcessAdvantageInputs
+from lightning_adv.stages.types import ProcessAdvantageInputs, required_key
 
 #: ``torch.quantile`` takes at most 2**24 elements.
 MAX_QUANTILE_TOKENS = 1 << 24
@@ -49,12 +49,11 @@ def _entropies(inputs: ProcessAdvantageInputs, where: str) -> Tensor:
         raise ValueError(f"{where}: the rollout batch has direct 'token_rewards', which this "
                          f"stage does not read (it replaces the process-reward shaping); set "
                          f"actor.token_rewards_as_adv: false to fold them into the rewards")
-    value = inputs.data.get("entropies") if inputs.data is not None else None
-    if value is None:
-        raise ValueError(f"{where}: rollout batch has no 'entropies' ([B, T] float, next-token "
-                         f"convention: the policy's entropy at each position predicting a "
-                         f"generated token). The built-in trainer computes them in its scoring "
-                         f"pass when this stage is selected")
+    value = required_key(inputs, "entropies", where,
+                         "[B, T] float, next-token convention: the policy's entropy at each "
+                         "position predicting a generated token",
+                         ". The built-in trainer computes them in its scoring pass when this "
+                         "stage is selected")
     return value.clamp(min=0.0)
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv.stages.types import TemporalInputs, TemporalResult, required_key
 from lightning_adv.ops.gae import compute_token_gae, compute_turn_gae, turn_id_errors
 from lightning_adv.stages.gae_lambda import compute_gae_lambda
 from lightning_adv._checks import check_bool, positive_number
@@ -67,12 +67,11 @@ def reinforce(inputs: TemporalInputs) -> TemporalResult:
 
 def _checked_sum_pi_squared(inputs: TemporalInputs, where: str) -> torch.Tensor:
     """The batch's ``sum_pi_squared`` ([B, T], next-token convention), checked."""
-    value = inputs.data.get("sum_pi_squared") if inputs.data is not None else None
-    if value is None:
-        raise ValueError(f"{where}: rollout batch has no 'sum_pi_squared' ([B, T], next-token "
-                         f"convention like ref_logp: the sum over the vocabulary of the squared "
-                         f"next-token probabilities at each position); the built-in trainer "
-                         f"computes it from its logits when this estimator is selected")
+    value = required_key(inputs, "sum_pi_squared", where,
+                         "[B, T], next-token convention like ref_logp: the sum over the "
+                         "vocabulary of the squared next-token probabilities at each position",
+                         "; the built-in trainer computes it from its logits when this "
+                         "estimator is selected")
     mask = inputs.loss_mask
     key = f"{where}: rollout batch 'sum_pi_squared'"
     if not isinstance(value, torch.Tensor) or value.shape != mask.shape:

@@ -26,7 +26,7 @@ from lightning_adv._checks import check_bool, check_choice, positive_number
 from lightning_adv.ops.trees import TreePaths, tree_paths
 from lightning_adv.stages.estimators import check_one_row_per_rollout
 from lightning_adv.stages.registry import register_stage
-from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv.stages.types import TemporalInputs, TemporalResult, required_key
 
 _TREE_GRPO_COMBINE = ("sum", "sequential", "per_token")
 _TREEPO_WEIGHTING = ("group_size", "average")
@@ -42,12 +42,11 @@ def _choice(choices: tuple):
 def tree_rows(inputs: TemporalInputs, where: str) -> tuple[TreePaths, Tensor]:
     """The checked trees of the batch and each row's prompt group."""
     check_one_row_per_rollout(inputs, where, "each row is one root-to-leaf path")
-    data = inputs.data if inputs.data is not None else {}
-    node_ids = data.get("tree_node_ids")
-    if node_ids is None:
-        raise ValueError(f"{where}: rollout batch has no 'tree_node_ids' ([B, T] integers, "
-                         f"token-aligned like turn_ids: on each generated token, the id of the "
-                         f"tree node it was generated in; docs/guides/trees.md)")
+    node_ids = required_key(inputs, "tree_node_ids", where,
+                            "[B, T] integers, token-aligned like turn_ids: on each generated "
+                            "token, the id of the tree node it was generated in; "
+                            "docs/guides/trees.md")
+    data = inputs.data
     row_group = inputs.meta.index(inputs.loss_mask.device).traj_of_row
     paths = tree_paths(node_ids, data["loss_mask"], data["input_ids"], row_group,
                        data.get("tree_ids"), where)

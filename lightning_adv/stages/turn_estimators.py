@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lightning_adv.ops.gae import affine_suffix_scan, turn_id_errors, validate_turn_ids
 from lightning_adv.ops.turns import TurnSlots, turn_slots
-from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv.stages.types import TemporalInputs, TemporalResult, required_key
 from lightning_adv._checks import check_bool, non_negative_number, positive_number, unit_interval
 from lightning_adv.stages.registry import register_stage
 
@@ -207,12 +207,11 @@ def _roll_normalized(values: Tensor, cell: Tensor, n_cells: int, std_normalize: 
 def _anchor_states(inputs: TemporalInputs, steps: Steps, where: str) -> Tensor:
     """Each step's anchor state id: ``anchor_state_ids`` on the turn's tokens (one value
     per turn)."""
-    ids = inputs.data.get("anchor_state_ids") if inputs.data is not None else None
-    if ids is None:
-        raise ValueError(f"{where}: rollout batch has no 'anchor_state_ids' ([B, T] integers, "
-                         f"token-aligned like turn_ids: on the tokens of each turn, an id of the "
-                         f"state the turn was generated from; equal ids are one anchor state). "
-                         f"The built-in trainer computes them from each turn's context")
+    ids = required_key(inputs, "anchor_state_ids", where,
+                       "[B, T] integers, token-aligned like turn_ids: on the tokens of each "
+                       "turn, an id of the state the turn was generated from; equal ids are "
+                       "one anchor state",
+                       ". The built-in trainer computes them from each turn's context")
     aligned = torch.roll(ids.long(), -1, dims=-1)
     slots = steps.slots
     at_end = slots.table(torch.where(slots.last, aligned, 0))

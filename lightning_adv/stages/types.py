@@ -186,3 +186,11 @@ class ReadOnlyData(Mapping):
 def read_only(data: Mapping[str, Any]) -> ReadOnlyData:
     return data if isinstance(data, ReadOnlyData) else ReadOnlyData(data)
 
+
+def required_key(inputs: Any, key: str, where: str, what: str, hint: str = "") -> Any:
+    """The batch key ``key`` a stage reads from ``inputs.data`` (its ``requires``), or one
+    error naming the stage (``where``), the key, what it holds (``what``) and ``hint``."""
+    value = inputs.data.get(key) if inputs.data is not None else None
+    if value is None:
+        raise ValueError(f"{where}: rollout batch has no {key!r} ({what}){hint}")
+    return value

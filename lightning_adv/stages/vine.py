@@ -32,7 +32,7 @@ from lightning_adv.batch.grouping import BatchMeta
 from lightning_adv.ops.gae import affine_suffix_scan
 from lightning_adv.stages.registry import register_stage
 from lightning_adv.stages.turn_estimators import Steps, result_on_tokens, steps_of
-from lightning_adv.stages.types import TemporalInputs, TemporalResult
+from lightning_adv.stages.types import TemporalInputs, TemporalResult, required_key
 
 _WHERE = "estimator 'vine'"
 _LAYOUT = ("[B, S, K] floats: row b's slot k holds the returns of K continuations sampled "
@@ -51,10 +51,8 @@ def _aligned_step_ids(inputs: TemporalInputs) -> Tensor | None:
 
 def _returns_table(inputs: TemporalInputs, steps: Steps) -> Tensor:
     """``mc_returns`` checked against the steps: a slot for every step, NaN past them."""
-    table = inputs.data.get("mc_returns") if inputs.data is not None else None
-    if table is None:
-        raise ValueError(f"{_WHERE}: rollout batch has no 'mc_returns' ({_LAYOUT}); the "
-                         f"built-in trainer samples the continuations with ppo.vine set")
+    table = required_key(inputs, "mc_returns", _WHERE, _LAYOUT, "; the built-in trainer "
+                         "samples the continuations with ppo.vine set")
     counts = steps.slots.counts
     most = int(counts.max()) if counts.numel() else 0
     if table.shape[1] < most:
