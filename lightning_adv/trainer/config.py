@@ -21,56 +21,11 @@ from lightning_adv.losses.aggregation import LOSS_AGG_MODES
 from lightning_adv.losses.ppo_loss import RATIO_LEVELS
 from lightning_adv.losses.rollout_correction import RolloutCorrectionConfig
 from lightning_adv.ops.kl import LOSS_KL_ESTIMATORS
+from lightning_adv.trainer.rollout_config import (  # noqa: F401 -- re-exported: ppo's sections
+    VINE_BOUNDARIES, DynamicSamplingConfig, TreeConfig, VineConfig)
 
 #: the dtypes a sampler copy (``ppo.rollout_dtype``) may be cast to
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
-
-
-@dataclass(frozen=True)
-class DynamicSamplingConfig:
-    """DAPO dynamic sampling of a training step's prompt groups."""
-
-    enabled: bool = False
-    """drop prompt groups whose rewards are all equal and sample more prompts"""
-    max_rounds: int = 4
-    """rounds of sampling per step, the first included; then train on what there is"""
-
-    def __post_init__(self) -> None:
-        check_bool("ppo.dynamic_sampling.enabled", self.enabled)
-        check_int("ppo.dynamic_sampling.max_rounds", self.max_rounds)
-
-
-#: where ``ppo.vine`` cuts a response into steps
-VINE_BOUNDARIES = ("every_n_tokens", "newline", "low_prob")
-
-
-@dataclass(frozen=True)
-class VineConfig:
-    """VinePPO's Monte Carlo step values: continuations sampled from each step boundary of
-    every response (the batch keys ``mc_returns`` and ``step_ids`` of estimator ``vine``)."""
-
-    k: int = 4
-    """continuations sampled from each step boundary (the state before each step)"""
-    boundaries: str = "every_n_tokens"
-    """where steps begin: every_n_tokens (every n generated tokens), newline (after each
-    token whose text holds a newline) or low_prob (at each token sampled with probability
-    below low_prob)"""
-    every_n_tokens: int = 4
-    """the step length of boundaries every_n_tokens (read by no other rule)"""
-    low_prob: Optional[float] = None
-    """the probability threshold of boundaries low_prob, in (0, 1) (null otherwise)"""
-
-    def __post_init__(self) -> None:
-        check_int("ppo.vine.k", self.k)
-        check_choice("ppo.vine.boundaries", self.boundaries, VINE_BOUNDARIES)
-        check_int("ppo.vine.every_n_tokens", self.every_n_tokens)
-        if self.boundaries == "low_prob":
-            check_number("ppo.vine.low_prob", self.low_prob, positive=True, maximum=1.0)
-            if self.low_prob == 1.0:
-                fail("ppo.vine.low_prob", "a probability in (0, 1)", self.low_prob)
-        elif self.low_prob is not None:
-            fail("ppo.vine.low_prob", f"null with boundaries {self.boundaries!r} (the threshold "
-                 f"of boundaries: low_prob)", self.low_prob)
 
 
 @dataclass(frozen=True)
@@ -237,6 +192,10 @@ class PPOConfig:
     """VinePPO's Monte Carlo step values for estimator vine: {k, boundaries, every_n_tokens,
     low_prob}; k continuations sampled from each step boundary of every response, scored
     by the task, never trained on (null: none sampled)"""
+    tree: Optional[TreeConfig] = None
+    """tree rollouts for the tree estimators (tree_grpo, treepo, treerl): {segment_tokens,
+    branches, depth, branch_at: fixed | entropy}; each prompt's n_samples = branches ** depth
+    responses share their prefixes, each sampled once (null: independent responses)"""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "epochs", "minibatches"):
@@ -281,6 +240,7 @@ class PPOConfig:
         if vine is not None and not isinstance(vine, VineConfig):
             fail("ppo.vine", "null or {k, boundaries, every_n_tokens, low_prob}", vine)
         convert_field(self, "vine", vine)
+        self._check_tree()
         if self.forward_batch_size is not None and not is_int(self.forward_batch_size, 1):
             fail("ppo.forward_batch_size", "null (the whole rollout batch) or a positive "
                  "integer (rows per scoring forward pass)", self.forward_batch_size)
@@ -290,6 +250,18 @@ class PPOConfig:
         for name in ("value_clip_eps", "max_grad_norm"):
             if getattr(self, name) is not None:
                 check_number(f"ppo.{name}", getattr(self, name), positive=True)
+
+    def _check_tree(self) -> None:
+        tree = nested_config(TreeConfig, "ppo.tree", self.tree)
+        if tree is not None and not isinstance(tree, TreeConfig):
+            fail("ppo.tree", "null or {segment_tokens, branches, depth, branch_at}", tree)
+        convert_field(self, "tree", tree)
+        if tree is not None and self.n_samples != tree.leaves:
+            fail("ppo.n_samples", f"ppo.tree's leaves per prompt, branches ** depth = "
+                 f"{tree.branches} ** {tree.depth} = {tree.leaves}", self.n_samples)
+        if tree is not None and self.vine is not None:
+            fail("ppo.tree", "null with ppo.vine (continuations are sampled from independent "
+                 "responses' step boundaries, not from a tree's)", "a tree")
 
     def _check_off_policy(self) -> None:
         if not isinstance(self.policy_loss, str):

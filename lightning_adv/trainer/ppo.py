@@ -130,6 +130,9 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         """training steps (rollouts) done so far; seeds the next step's generators, and is
         the policy version of what this step samples"""
         self.reward_history: list[float] = []
+        self.sampled_tokens = 0
+        """tokens sampled by the run's training steps so far, over all ranks
+        (``train/sampled_tokens_total``; :class:`~.run.callbacks.SampledTokenBudget`)"""
         """mean task reward of each training step of this process (for the run summary)"""
         self._loader: Optional[PromptLoader] = None
 
@@ -182,7 +185,8 @@ class PPOModule(ShardingHooks, pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_adv"] = {"rollout_step": self.rollout_step, "seed": self.seed,
-                                       "rollout_queue": self.rollout_queue.state()}
+                                       "rollout_queue": self.rollout_queue.state(),
+                                       "sampled_tokens": self.sampled_tokens}
         self.save_hf_model()
 
     def on_train_end(self) -> None:
@@ -209,6 +213,7 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         reconcile_checkpoint(checkpoint, self.state_dict(), dict(self.hparams))
         state = checkpoint.get("lightning_adv", {})
         self.rollout_step = int(state.get("rollout_step", 0))
+        self.sampled_tokens = int(state.get("sampled_tokens", 0))
         self.rollout_queue.restore(state.get("rollout_queue"))
         saved = state.get("seed")
         if saved is not None and int(saved) != self.seed:
@@ -345,6 +350,8 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         values = self.metrics.compute()  # (collective; the reward is reported every step)
         n = sum(len(group) for group in groups)
         reward = values.pop("train/task_reward")
+        self.sampled_tokens += int(values["train/sampled_tokens"])
+        values["train/sampled_tokens_total"] = torch.tensor(float(self.sampled_tokens))
         self.reward_history.append(float(reward))
         self.log("train/task_reward", reward, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=n)

@@ -44,6 +44,7 @@ from lightning_adv.trainer.policies.base import Policy
 from lightning_adv.trainer.policies.build import PolicySetup, build_policy, check_policy_options
 from lightning_adv.trainer.policies.config import PolicyConfig
 from lightning_adv.trainer.rollout.recipe_inputs import check_greedy_baseline
+from lightning_adv.trainer.rollout.tree import check_tree_options
 from lightning_adv.trainer.rollout.vine import check_vine_options
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
 from lightning_adv.trainer.rollout.batch import Scorer
@@ -131,6 +132,7 @@ class TrainerPlan:
         advantage = build_advantage_module(path, actor)
         check_greedy_baseline(advantage.required_batch_keys, ppo.greedy_baseline)
         check_vine_options(advantage.required_batch_keys, actor, ppo, prm, runtime)
+        check_tree_options(advantage.required_batch_keys, ppo, runtime)
         loss = build_loss(ppo, max_new_tokens * runtime.task.max_turns)
         return cls(**configs, advantage_module=path, seed=values.get("seed"),
                    policy_setup=policy_setup,

@@ -46,6 +46,10 @@ def test_every_shipped_config_fits_two_steps(config, tmp_path):
     assert logged["histograms"]["train/advantages"] == [0, 1]
     # ppo.vine: the continuations' tokens, apart from the trained responses'
     assert ("train/vine_tokens" in logged) == ("vine" in shipped["model"]["ppo"])
+    # each step's sampling cost, and the run's so far
+    tokens = logged["train/sampled_tokens"]
+    assert tokens[0] > 0 and logged["train/sampled_tokens_total"] == {
+        0: tokens[0], 1: tokens[0] + tokens[1]}
     assert (log_dir / "config.yaml").is_file()
 
 

@@ -75,7 +75,7 @@ def import_graph() -> dict[str, set[str]]:
 TRAINER_FLOORS = {
     "lightning_adv.trainer.policies.config": 0, "lightning_adv.trainer.tasks": 0,
     "lightning_adv.trainer.data": 0,
-    "lightning_adv.trainer.config": 1,
+    "lightning_adv.trainer.config": 1, "lightning_adv.trainer.rollout_config": 1,
     "lightning_adv.trainer.policies": 2,
     "lightning_adv.trainer.run": 3,
     "lightning_adv.trainer.rollout": 4,

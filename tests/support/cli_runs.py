@@ -12,7 +12,7 @@ from lightning_adv.cli import main
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 SHIPPED = ["ppo", "grpo", "dr_grpo", "turn_gae", "gvpo_prm", "grpo_dynamic", "turn_rloo", "gigpo",
-           "vine", "gtpo"]
+           "vine", "gtpo", "grpo_reverse", "tree_grpo", "treerl"]
 SMALL = ["--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false", "--model.ppo.prompts_per_step=4",
          "--model.ppo.n_samples=4", "--model.ppo.minibatches=2", "--model.ppo.epochs=1",
@@ -20,8 +20,10 @@ SMALL = ["--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false
 
 
 def fit(config: str, save_dir: Path, *extra: str) -> None:
+    # SMALL's 4 responses per prompt: the leaves of a binary tree of depth 2
+    trees = ["--model.ppo.tree.depth=2"] if config.startswith("tree") else []
     main(["fit", "--config", str(CONFIGS / f"{config}.yaml"),
-          f"--trainer.logger.init_args.save_dir={save_dir}", *SMALL, *extra])
+          f"--trainer.logger.init_args.save_dir={save_dir}", *SMALL, *trees, *extra])
 
 
 def failed_fit(config: str, save_dir: Path, override: str | tuple[str, ...], capsys

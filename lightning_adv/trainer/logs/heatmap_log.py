@@ -98,13 +98,18 @@ class HeatmapLog:
             return
         count = min(self.config.heatmap_groups, len(greedy))
         groups = [[*greedy[g][:1], *sampled[g]] for g in range(count)]
-        if module.scorers or module.rollouts.vine is not None:
+        tree = module.ppo_config.tree is not None
+        if module.scorers or module.rollouts.vine is not None or tree:
             groups = [[copy.copy(ep) for ep in group] for group in groups]
         if module.scorers:  # the evaluation scored outcomes only; the heatmap shows both
             score(groups, module.runtime, module.scorers)
         if module.rollouts.vine is not None:  # estimator vine reads their step values
             module.rollouts.step_values(groups, generator(
                 module.seed, "vine", stage, module.rollout_step, module.global_rank))
+        if tree:  # independent responses: to a tree estimator, a tree of one level
+            for group in groups:
+                for s, ep in enumerate(group):
+                    ep.tree_node_ids = [s if g else -1 for g in ep.generated]
         baselines = ([group[0].reward for group in groups]
                      if module.ppo_config.greedy_baseline else None)
         batch, meta = module.make_batch(groups, baselines)

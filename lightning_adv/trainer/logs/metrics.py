@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torchmetrics import ExplainedVariance, MeanMetric
+from torchmetrics import ExplainedVariance, MeanMetric, SumMetric
 
 #: metric name (logged as ``train/<name>``) -> what it averages over episodes
 ROW_MEANS = {
@@ -54,6 +54,9 @@ class StepMetrics(nn.Module):
         self.means = nn.ModuleDict({name: MeanMetric() for name in ROW_MEANS})
         if vine:  # ppo.vine: tokens sampled for the step values, per episode
             self.means["vine_tokens"] = MeanMetric()
+        # The step's sampling cost, the x axis of an equal-token-budget comparison
+        # (benchmarks/token_budget.py): a sum over the step's episodes and ranks.
+        self.sampled_tokens = SumMetric()
         self.explained_variance = ExplainedVariance()
 
     def update(self, name: str, value: Tensor, weight: Optional[Tensor] = None) -> None:
@@ -85,6 +88,8 @@ class StepMetrics(nn.Module):
         self.update("response_length", batch["loss_mask"].sum(1).float())
         self.update("truncated", batch["is_truncated"].float())
         self.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
+        self.sampled_tokens.update(torch.tensor([float(ep.sampled_tokens) for ep in episodes],
+                                                device=m.device))
         if "vine_tokens" in self.means:
             self.update("vine_tokens", torch.tensor([float(ep.continuation_tokens)
                                                      for ep in episodes]))
@@ -105,6 +110,10 @@ class StepMetrics(nn.Module):
         for name, metric in self.means.items():
             out[f"train/{name}"] = metric.compute()
             metric.reset()
+        # tokens the sampler drew for the step's episodes: generated tokens, a tree's shared
+        # prefixes once (ppo.tree), ppo.vine's continuations included
+        out["train/sampled_tokens"] = self.sampled_tokens.compute()
+        self.sampled_tokens.reset()
         if self.critic:
             out["train/explained_variance"] = self.explained_variance.compute()
             self.explained_variance.reset()

@@ -115,6 +115,8 @@ def build_batch(groups: list[list[Episode]], *, multi_turn: bool,
     if all(ep.mc_returns is not None for ep in episodes):  # ppo.vine
         batch["step_ids"] = pad([ep.step_ids or [] for ep in episodes], torch.long, -1)
         batch["mc_returns"] = mc_returns_table(episodes)
+    if all(ep.tree_node_ids is not None for ep in episodes):  # ppo.tree
+        batch["tree_node_ids"] = pad([ep.tree_node_ids or [] for ep in episodes], torch.long, -1)
     meta = BatchMeta(n_trajs=len(groups), traj_group_sizes=[len(group) for group in groups],
                      traj_seqlens=[max(len(ep.tokens) for ep in group) for group in groups],
                      rollout_groups=[None] * len(groups))

@@ -1,7 +1,7 @@
 """The rollout of one training step: :class:`Rollout`, built once per run.
 
-- :meth:`Rollout.sample` samples and scores ``ppo.n_samples`` episodes per prompt (and
-  under ``ppo.vine`` the continuations of their step values, :mod:`.vine`);
+- :meth:`Rollout.sample` samples and scores ``ppo.n_samples`` episodes per prompt (as a
+  tree under ``ppo.tree``, :mod:`.tree`; and under ``ppo.vine`` the continuations of their step values, :mod:`.vine`);
   :func:`sample_until_signal` keeps sampling prompts under ``ppo.dynamic_sampling``;
 - :meth:`Rollout.greedy_rewards` is the task reward of one greedy response per prompt
   (``ppo.greedy_baseline``, ReMax's baseline);
@@ -31,6 +31,7 @@ from lightning_adv.trainer.rollout.batch import Scorer, build_batch, score
 from lightning_adv.trainer.rollout.dynamic_sampling import DynamicSamplingResult, sample_with_signal
 from lightning_adv.trainer.rollout.recipe_inputs import anchor_state_ids, baseline_rewards
 from lightning_adv.trainer.rollout.scoring import scoring_passes
+from lightning_adv.trainer.rollout.tree import sample_tree
 from lightning_adv.trainer.rollout.vine import StepValueSampling, sample_step_values
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
@@ -72,7 +73,7 @@ class Rollout:
     def sample(self, indices: Sequence[int], gen: torch.Generator,
                sampler: Optional[Policy] = None) -> Groups:
         """Sample and score ``ppo.n_samples`` episodes for each prompt index (the policy in
-        eval mode while sampling); ``sampler``: the module that samples instead of the
+        eval mode while sampling; under ``ppo.tree`` as a tree, :mod:`.tree`); ``sampler``: the module that samples instead of the
         policy (``ppo.rollout_dtype``'s copy). Under ``ppo.vine`` the same sampler then
         samples each episode's continuations from ``gen`` (:mod:`.vine`)."""
         # The value after an episode's last token is read only when it is used (the batch
@@ -80,7 +81,10 @@ class Rollout:
         request = self.request(indices, self.ppo.n_samples, last_values=(
             self.ppo.bootstrap_truncated and not self.ppo.off_policy))
         self.policy.eval()
-        groups = (sampler or self.policy).generate(self.runtime, request, gen)
+        if self.ppo.tree is not None:
+            groups = sample_tree(sampler or self.policy, self.runtime, request, self.ppo.tree, gen)
+        else:
+            groups = (sampler or self.policy).generate(self.runtime, request, gen)
         score(groups, self.runtime, self.scorers)
         self.policy.train()
         if self.vine is not None:

@@ -2,6 +2,7 @@
 
 - :class:`SaveRunConfig` saves the resolved config in the run directory and never
   overwrites a file (a name that is taken gets a number: ``config-2.yaml``);
+- :class:`SampledTokenBudget` stops training at a budget of sampled tokens;
 - :class:`TrainingStepCheckpoint` is Lightning's ``ModelCheckpoint`` counting training
   steps, the unit of every step count of the CLI and of the Ctrl-C checkpoint;
 - :class:`InterruptCheckpoint` turns Ctrl-C during ``fit`` into "finish this training
@@ -108,6 +109,25 @@ def training_steps(trainer: pl.Trainer, pl_module: Any) -> int:
     ``global_step`` counts optimizer steps (``ppo.epochs x ppo.minibatches`` per training
     step) and stands in for a module without one."""
     return int(getattr(pl_module, "rollout_step", trainer.global_step))
+
+
+class SampledTokenBudget(Callback):
+    """Stops training once the run's training steps have sampled ``max_tokens`` tokens
+    (``train/sampled_tokens_total``: generated tokens, a tree's shared prefixes once,
+    ``ppo.vine``'s continuations included), after the step that reaches it: runs of
+    different samplers compared at an equal generated-token budget. The count is global
+    over ranks and kept in checkpoints, so a resumed run stops where the whole run would."""
+
+    def __init__(self, max_tokens: int):
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"SampledTokenBudget.max_tokens: expected a positive integer "
+                             f"(tokens), got {max_tokens!r}")
+        self.max_tokens = max_tokens
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if int(getattr(pl_module, "sampled_tokens", 0)) >= self.max_tokens:
+            trainer.should_stop = True
 
 
 class TrainingStepCheckpoint(ModelCheckpoint):

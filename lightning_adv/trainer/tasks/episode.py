@@ -54,10 +54,23 @@ class Episode:
     before it (NaN: unscorable)"""
     continuation_tokens: int = 0
     """``ppo.vine``: tokens sampled in those continuations (not trained on)"""
+    tree_node_ids: Optional[list[int]] = None
+    """``ppo.tree``: the tree node (segment) of token i, numbered within its prompt's tree
+    (token-aligned like ``turn_ids``, -1 off generated tokens)"""
+    shared_tokens: int = 0
+    """``ppo.tree``: generated tokens of this episode that an episode before it in its
+    group sampled (the prefix they share, sampled once)"""
 
     @property
     def truncated(self) -> bool:
         return bool(self.turns) and not self.turns[-1].ended
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the sampler drew for this episode and no episode before it: its generated
+        tokens less those it shares with an earlier row of its tree, plus its ``ppo.vine``
+        continuations' (summed over a step: the step's generated-token cost)."""
+        return sum(self.generated) - self.shared_tokens + self.continuation_tokens
 
     def append_generated(self, token: int, logp: float,
                          rollout_logp: Optional[float] = None) -> None:
