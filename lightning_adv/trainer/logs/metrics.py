@@ -29,6 +29,9 @@ ROW_MEANS = {
                    "rewards, before any normalization (TRL's objective/rlhf_reward); over "
                    "the scored episodes",
     "response_length": "generated tokens per episode (all turns)",
+    "sampled_per_episode": "tokens sampled per episode: its generated tokens less those an "
+                           "earlier row of its tree sampled (ppo.tree: a tree's tokens per "
+                           "leaf), plus its ppo.vine continuations'",
     "truncated": "fraction of episodes whose last turn hit the token limit",
     "turns": "policy turns per episode",
 }
@@ -86,10 +89,11 @@ class StepMetrics(nn.Module):
         self.update_scored("task_reward", torch.tensor(reported, device=m.device))
         self.update_scored("rlhf_reward", rlhf_rewards(task_rewards, out))
         self.update("response_length", batch["loss_mask"].sum(1).float())
+        sampled = torch.tensor([float(ep.sampled_tokens) for ep in episodes], device=m.device)
+        self.update("sampled_per_episode", sampled)
+        self.sampled_tokens.update(sampled)
         self.update("truncated", batch["is_truncated"].float())
         self.update("turns", torch.tensor([float(len(ep.turns)) for ep in episodes]))
-        self.sampled_tokens.update(torch.tensor([float(ep.sampled_tokens) for ep in episodes],
-                                                device=m.device))
         if "vine_tokens" in self.means:
             self.update("vine_tokens", torch.tensor([float(ep.continuation_tokens)
                                                      for ep in episodes]))
