@@ -218,23 +218,26 @@ def test_without_a_tree_the_batch_has_no_node_ids_and_costs_its_tokens():
 
 # ------------------------------------------------------------------ a token budget
 
-def test_a_token_budget_stops_the_run_after_the_step_that_reaches_it(tmp_path):
+def test_a_token_budget_stops_the_run_after_the_step_that_reaches_it(tmp_path, capsys):
     import lightning.pytorch as pl
 
-    from lightning_adv.trainer.run.callbacks import SampledTokenBudget
+    from lightning_adv.trainer.run.callbacks import RunReport, SampledTokenBudget
 
     def run(budget, steps=20):
         model = module()
         trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0,
-                             limit_val_batches=0, callbacks=[SampledTokenBudget(budget)],
+                             limit_val_batches=0,
+                             callbacks=[SampledTokenBudget(budget), RunReport()],
                              default_root_dir=tmp_path)
         trainer.fit(model)
         return model
 
     first = run(1)   # any budget stops after the step that reaches it
     assert first.rollout_step == 1 and first.sampled_tokens > 0
+    assert "20 training steps of 2 prompts x 8 samples (trainer.limit_train_batches x " \
+           "max_epochs) (or 1 sampled tokens, if first)" in capsys.readouterr().out
     # the same seed samples the same first step: a budget at its total stops there, one
     # token more runs a second step
     assert run(first.sampled_tokens).rollout_step == 1

@@ -279,6 +279,8 @@ def run_length(trainer: pl.Trainer, done: int, steps_left: Optional[int], batch:
         bounds.append(f"trainer.max_steps={trainer.max_steps} optimizer steps")
     if any(isinstance(c, Timer) for c in trainer.callbacks):
         bounds.append("trainer.max_time")
+    bounds += [f"{c.max_tokens} sampled tokens" for c in trainer.callbacks
+               if isinstance(c, SampledTokenBudget)]
     if trainer.max_epochs in (None, -1):  # (the CLI refuses -1 that nothing bounds)
         return f"training steps{batch} until {' or '.join(bounds)}"
     limit = " (or " + " or ".join(bounds) + ", if first)" if bounds else ""
