@@ -30,6 +30,7 @@ import torch
 
 from lightning_adv.trainer.config import PPOConfig, TreeConfig
 from lightning_adv.trainer.policies.base import GenerationRequest, Policy
+from lightning_adv.trainer.policies.sharding import is_sharded
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
@@ -90,7 +91,10 @@ def _continue(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
               cuts: Sequence[tuple[_Path, int]], n: int, limit: int,
               gen: torch.Generator) -> list[list[Episode]]:
     """``n`` continuations of each path from its first ``cut`` generated tokens, in one
-    call (every rank of a sharded run makes the same calls)."""
+    call. A sharded policy is called even with no path: its generate gathers the weights,
+    a collective every rank must join, and ranks hold different paths."""
+    if not cuts and not is_sharded(policy):
+        return []
     return policy.generate(runtime, replace(
         request, indices=[path.episode.index for path, _ in cuts], n_samples=n,
         max_new_tokens=limit, last_values=False,
@@ -106,7 +110,7 @@ def _fixed(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
         if level == 0:
             frontier = _root_paths(tree, policy.generate(runtime, replace(
                 request, n_samples=config.branches, max_new_tokens=cap, last_values=False), gen))
-        elif frontier:
+        else:
             cuts = [(path, len(path.nodes)) for path in frontier]
             grown = _continue(policy, runtime, request, cuts, config.branches, cap, gen)
             frontier = [tree.branch(path, ep, cut) for (path, cut), group in zip(cuts, grown)
@@ -138,7 +142,7 @@ def _entropy(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
                 tree.leaves[path.slot].append(path)
         cuts = [(path, cut) for path, cut in cuts if cut >= 0]
         grown = _continue(policy, runtime, request, cuts, config.branches - 1,
-                          request.max_new_tokens, gen) if cuts else []
+                          request.max_new_tokens, gen)
         paths = []
         for (path, cut), group in zip(cuts, grown):
             kept = _Path(path.slot, path.episode, path.nodes[:cut] + [tree.new_node(path.slot)]
