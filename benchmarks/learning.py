@@ -187,12 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_configs(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """A usage error naming every ``--configs`` name without its ``configs/<name>.yaml``."""
+    unknown = [n for n in names if not (ROOT / "configs" / f"{n}.yaml").is_file()]
+    if unknown:
+        parser.error(f"--configs: no configs/<name>.yaml for {' '.join(unknown)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    unknown = [n for n in args.configs if not (ROOT / "configs" / f"{n}.yaml").is_file()]
-    if unknown:
-        parser.error(f"--configs: no configs/<name>.yaml for {' '.join(unknown)}")
+    check_configs(parser, args.configs)
     if args.window < 1:
         parser.error(f"--window: expected at least 1, got {args.window}")
     curves = reward_curve_module()

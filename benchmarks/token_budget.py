@@ -129,9 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    unknown = [n for n in args.configs if not (ROOT / "configs" / f"{n}.yaml").is_file()]
-    if unknown:
-        parser.error(f"--configs: no configs/<name>.yaml for {' '.join(unknown)}")
+    learning.check_configs(parser, args.configs)
     if args.budget < 1000 or args.jobs < 1 or args.window < 1:
         parser.error("--budget: at least 1000 tokens; --jobs, --window: at least 1")
     header = harness.page_header("Learning at an equal generated-token budget", [

@@ -183,8 +183,8 @@ def test_a_hugging_face_policy_samples_a_tree(tiny_lm):
 @pytest.mark.parametrize("tree, actor, task, n_samples, message", [
     (None, TREE_ACTOR, REVERSE, 4, "ppo.tree: the advantage stages read the batch key "
                                    "'tree_node_ids'"),
-    ({"depth": 2}, {"kl_ctl": 0.0}, REVERSE, 4, "no advantage stage reads it"),
-    ({"depth": 2}, TREE_ACTOR, {"name": "guess"}, 4, "branching through the environment"),
+    ({"depth": 2}, {"kl_ctl": 0.0}, REVERSE, 4, "no stage reads it"),
+    ({"depth": 2}, TREE_ACTOR, {"name": "guess"}, 4, "sampling through the environment is not supported"),
     ({"depth": 2}, TREE_ACTOR, REVERSE, 8, "ppo.n_samples: expected ppo.tree's leaves per "
                                            "prompt, branches ** depth = 2 ** 2 = 4, got 8"),
     ({"branches": 1, "depth": 2}, TREE_ACTOR, REVERSE, 1, "ppo.tree.branches: expected an "

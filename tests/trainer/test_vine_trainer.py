@@ -146,7 +146,7 @@ def test_continuations_are_drawn_from_the_step_generator():
 @pytest.mark.parametrize("vine, actor, task, message", [
     (None, VINE_ACTOR, REVERSE, "ppo.vine: the advantage stages read the batch key 'mc_returns'"),
     ({"k": 2}, {"kl_ctl": 0.0}, REVERSE, "set actor.advantage.estimator: vine or ppo.vine: null"),
-    ({"k": 2}, VINE_ACTOR, {"name": "guess"}, "continuing through the environment"),
+    ({"k": 2}, VINE_ACTOR, {"name": "guess"}, "sampling through the environment"),
     ({"k": 2}, {**VINE_ACTOR, "reward_norm": {"mean_level": "batch"}}, REVERSE,
      "actor.reward_norm would change the episodes' rewards"),
     ({"k": 2}, {**VINE_ACTOR, "truncated_reward": {"value": -1.0}}, REVERSE,

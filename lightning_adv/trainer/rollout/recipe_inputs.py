@@ -61,6 +61,31 @@ def anchor_state_ids(episodes: Sequence[Any], width: int) -> Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
+def check_sampled_key(needs: frozenset[str], key: str, option: str, enabled: bool, *,
+                      readers: str, example: str, unread: str) -> None:
+    """A rollout option that samples batch ``key`` (``ppo.vine``, ``ppo.tree``) is set
+    exactly when a stage reads the key: one error naming the option and the key either
+    way. ``readers``: which stages read it; ``example``: a setting of the option;
+    ``unread``: the fix when nothing reads it."""
+    if key in needs and not enabled:
+        raise ValueError(f"{option}: the advantage stages read the batch key {key!r} "
+                         f"({readers}), which the trainer samples only under {option}; set "
+                         f"{option}, e.g. {example}")
+    if enabled and key not in needs:
+        raise ValueError(f"{option}: {key!r} is sampled for the advantage stages, and no "
+                         f"stage reads it; {unread}")
+
+
+def check_single_turn(option: str, runtime: Any, what: str) -> None:
+    """``option`` samples within the first policy turn only: a task of several turns is
+    refused, naming both."""
+    if runtime.task.max_turns > 1:
+        raise ValueError(f"{option}: {what} within the first policy turn, and {runtime.where} "
+                         f"has up to {runtime.task.max_turns} turns (sampling through the "
+                         f"environment is not supported); use a single-turn task or "
+                         f"{option}: null")
+
+
 def check_greedy_baseline(needs: frozenset[str], greedy_baseline: bool) -> None:
     """``ppo.greedy_baseline`` must be on exactly when a stage reads ``reward_baselines``
     (off: an error naming the key; on for nothing: a warning, it costs a rollout)."""

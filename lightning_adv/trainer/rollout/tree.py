@@ -31,6 +31,7 @@ import torch
 from lightning_adv.trainer.config import PPOConfig, TreeConfig
 from lightning_adv.trainer.policies.base import GenerationRequest, Policy
 from lightning_adv.trainer.policies.sharding import is_sharded
+from lightning_adv.trainer.rollout.recipe_inputs import check_sampled_key, check_single_turn
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
@@ -179,19 +180,10 @@ def sample_tree(policy: Policy, runtime: TaskRuntime, request: GenerationRequest
 def check_tree_options(needs: frozenset[str], ppo: PPOConfig, runtime: TaskRuntime) -> None:
     """``ppo.tree`` is set exactly when a stage reads ``tree_node_ids`` (a tree estimator),
     on a single-turn task."""
-    if "tree_node_ids" in needs and ppo.tree is None:
-        raise ValueError("ppo.tree: the advantage stages read the batch key 'tree_node_ids' "
-                         "(a tree estimator: tree_grpo, treepo or treerl), which the trainer "
-                         "samples only under ppo.tree; set ppo.tree, e.g. {segment_tokens: 2, "
-                         "branches: 2, depth: 2} with ppo.n_samples: 4")
-    if ppo.tree is None:
-        return
-    if "tree_node_ids" not in needs:
-        raise ValueError("ppo.tree: trees are sampled for the batch key 'tree_node_ids', and "
-                         "no advantage stage reads it; set actor.advantage.estimator to "
-                         "tree_grpo, treepo or treerl, or ppo.tree: null")
-    if runtime.task.max_turns > 1:
-        raise ValueError(f"ppo.tree: a tree branches within the first policy turn, and "
-                         f"{runtime.where} has up to {runtime.task.max_turns} turns (branching "
-                         f"through the environment is not supported); use a single-turn task "
-                         f"or ppo.tree: null")
+    check_sampled_key(needs, "tree_node_ids", "ppo.tree", ppo.tree is not None,
+                      readers="a tree estimator: tree_grpo, treepo or treerl",
+                      example="{segment_tokens: 2, branches: 2, depth: 2} with ppo.n_samples: 4",
+                      unread="set actor.advantage.estimator to tree_grpo, treepo or treerl, "
+                             "or ppo.tree: null")
+    if ppo.tree is not None:
+        check_single_turn("ppo.tree", runtime, "a tree branches")

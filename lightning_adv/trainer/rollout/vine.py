@@ -30,6 +30,7 @@ from lightning_adv.stages.registry import selected_stage
 from lightning_adv.trainer.config import PPOConfig, PRMConfig, VineConfig
 from lightning_adv.trainer.policies.base import GenerationRequest, Policy
 from lightning_adv.trainer.rollout.batch import score
+from lightning_adv.trainer.rollout.recipe_inputs import check_sampled_key, check_single_turn
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
 
@@ -135,22 +136,13 @@ def check_vine_options(needs: frozenset[str], actor: ActorConfig, ppo: PPOConfig
     """``ppo.vine`` is set exactly when a stage reads ``mc_returns`` (estimator ``vine``),
     and only where the continuations' returns are what the pipeline makes of the
     episodes' rewards: a single-turn task, outcome rewards only scaled and clipped."""
-    if "mc_returns" in needs and ppo.vine is None:
-        raise ValueError("ppo.vine: the advantage stages read the batch key 'mc_returns' "
-                         "(actor.advantage.estimator: vine, Monte Carlo step values), which the "
-                         "trainer samples only under ppo.vine; set ppo.vine, e.g. {k: 4, "
-                         "boundaries: every_n_tokens, every_n_tokens: 4}")
+    check_sampled_key(needs, "mc_returns", "ppo.vine", ppo.vine is not None,
+                      readers="actor.advantage.estimator: vine, Monte Carlo step values",
+                      example="{k: 4, boundaries: every_n_tokens, every_n_tokens: 4}",
+                      unread="set actor.advantage.estimator: vine or ppo.vine: null")
     if ppo.vine is None:
         return
-    if "mc_returns" not in needs:
-        raise ValueError("ppo.vine: continuations are sampled for the batch key 'mc_returns', "
-                         "and no advantage stage reads it; set actor.advantage.estimator: vine "
-                         "or ppo.vine: null")
-    if runtime.task.max_turns > 1:
-        raise ValueError(f"ppo.vine: continuations are sampled within the first policy turn, "
-                         f"and {runtime.where} has up to {runtime.task.max_turns} turns "
-                         f"(continuing through the environment is not supported); use a "
-                         f"single-turn task or ppo.vine: null")
+    check_single_turn("ppo.vine", runtime, "continuations are sampled")
     outcome = selected_stage(actor, "outcome_reward_shaping")
     changed = [key for key, on in (
         ("actor.reward_norm", actor.reward_norm is not None),
