@@ -150,7 +150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.plot:
         learning.reward_curve_module().draw(
             [curve(c, runs, args.budget) for c, runs in by_config.items()], args.plot,
-            args.window, x_label="thousands of sampled tokens")
+            args.window, x_label="thousands of sampled tokens",
+            y_label="median over seeds of the step reward at each thousand tokens")
     about = (f"Each cell with seeds is the median over the seeds and, in brackets, the lowest "
              f"and highest. Generated and sampled tokens per response are means over every "
              f"step of every seed: a flat sampler samples each response's tokens (1.00), a tree "

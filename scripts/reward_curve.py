@@ -79,8 +79,8 @@ def table(runs: list[Run], window: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(runs: list[Run], out: Path, window: int, x_label: str = "training step (rollout)"
-         ) -> None:
+def draw(runs: list[Run], out: Path, window: int, x_label: str = "training step (rollout)",
+         y_label: str = "mean task reward per step") -> None:
     from PIL import Image, ImageDraw, ImageFont
 
     legend_width = 190  # the legend sits right of the plot, never over a curve
@@ -110,7 +110,7 @@ def draw(runs: list[Run], out: Path, window: int, x_label: str = "training step 
     pen.rectangle([left, top, width - right, height - bottom], outline="black")
     pen.text(((width - legend_width) // 2 - 70, height - 28), x_label,
              fill="black", font=font)
-    pen.text((10, top - 28), f"mean task reward per step (bold: moving average of {window})",
+    pen.text((10, top - 28), f"{y_label} (bold: moving average of {window})",
              fill="black", font=font)
 
     for k, run in enumerate(runs):
