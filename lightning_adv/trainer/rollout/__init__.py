@@ -5,6 +5,7 @@
 - :mod:`.scoring`: the scoring passes of the policy and the reference over the batch;
 - :mod:`.recipe_inputs`: optional batch keys some stages read;
 - :mod:`.vine`: ``ppo.vine``'s continuations from each step boundary (``mc_returns``);
+- :mod:`.tree`: ``ppo.tree``'s tree rollouts (``tree_node_ids``);
 - :mod:`.dynamic_sampling` and :mod:`.off_policy`: DAPO's dynamic sampling, and the
   off-policy queue of stale rollouts.
 """

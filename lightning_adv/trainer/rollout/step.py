@@ -1,7 +1,8 @@
 """The rollout of one training step: :class:`Rollout`, built once per run.
 
 - :meth:`Rollout.sample` samples and scores ``ppo.n_samples`` episodes per prompt (as a
-  tree under ``ppo.tree``, :mod:`.tree`; and under ``ppo.vine`` the continuations of their step values, :mod:`.vine`);
+  tree under ``ppo.tree``, :mod:`.tree`; under ``ppo.vine`` also the continuations of
+  their step values, :mod:`.vine`);
   :func:`sample_until_signal` keeps sampling prompts under ``ppo.dynamic_sampling``;
 - :meth:`Rollout.greedy_rewards` is the task reward of one greedy response per prompt
   (``ppo.greedy_baseline``, ReMax's baseline);
@@ -73,8 +74,8 @@ class Rollout:
     def sample(self, indices: Sequence[int], gen: torch.Generator,
                sampler: Optional[Policy] = None) -> Groups:
         """Sample and score ``ppo.n_samples`` episodes for each prompt index (the policy in
-        eval mode while sampling; under ``ppo.tree`` as a tree, :mod:`.tree`); ``sampler``: the module that samples instead of the
-        policy (``ppo.rollout_dtype``'s copy). Under ``ppo.vine`` the same sampler then
+        eval mode while sampling; under ``ppo.tree`` as a tree, :mod:`.tree`); ``sampler``:
+        the module that samples instead of the policy (``ppo.rollout_dtype``'s copy). Under ``ppo.vine`` the same sampler then
         samples each episode's continuations from ``gen`` (:mod:`.vine`)."""
         # The value after an episode's last token is read only when it is used (the batch
         # sets it to 0 unless ppo.bootstrap_truncated)

@@ -107,7 +107,8 @@ def _fixed(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
     limit = request.max_new_tokens
     frontier: list[_Path] = []
     for level in range(config.depth):
-        cap = limit if level == config.depth - 1 else min(limit, (level + 1) * config.segment_tokens)
+        last = level == config.depth - 1
+        cap = limit if last else min(limit, (level + 1) * config.segment_tokens)
         if level == 0:
             frontier = _root_paths(tree, policy.generate(runtime, replace(
                 request, n_samples=config.branches, max_new_tokens=cap, last_values=False), gen))
@@ -119,7 +120,7 @@ def _fixed(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
         growing = []
         for path in frontier:
             ended = not path.episode.truncated or len(path.nodes) >= limit
-            (tree.leaves[path.slot] if ended or level == config.depth - 1 else growing).append(path)
+            (tree.leaves[path.slot] if ended or last else growing).append(path)
         frontier = growing
 
 
