@@ -37,7 +37,7 @@ from typing import Any, Optional
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
 from lightning_adv.trainer.rollout.batch import score
-from lightning_adv.visualize import advantage_heatmap, heatmap_inputs
+from lightning_adv.visualize import Heatmap, advantage_heatmap, heatmap_inputs
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,11 @@ class HeatmapLog:
         return not self.missing
 
     def training(self, module: Any, batch: dict[str, Any], out: dict[str, Any],
-                 groups: Sequence[Sequence[Any]]) -> None:
+                 groups: Sequence[Sequence[Any]]) -> dict[str, Heatmap]:
         """``train/advantage_heatmap[_raw]`` of the step's rollout ``batch`` of ``groups`` and
-        its advantages ``out``."""
+        its advantages ``out``; the heatmaps drawn, by tag."""
         if module.global_rank != 0 or not self.wanted(module):
-            return
+            return {}
         chosen = []
         offsets = [0]
         for group in groups:
@@ -93,7 +93,7 @@ class HeatmapLog:
             for s, ep in enumerate(groups[g][: self.config.heatmap_responses]):
                 chosen.append((offsets[g] + s, f"prompt {ep.index} · group {g} · {kind} {s} · "
                                                f"{reward_text(ep.reward)}"))
-        self.draw_and_log(module, "train", batch, out, chosen, [len(g) for g in groups])
+        return self.draw_and_log(module, "train", batch, out, chosen, [len(g) for g in groups])
 
     def evaluation(self, module: Any, stage: str, greedy: Sequence[Sequence[Any]],
                    sampled: Sequence[Sequence[Any]], step: Optional[int] = None) -> None:
@@ -135,13 +135,14 @@ class HeatmapLog:
 
     def draw_and_log(self, module: Any, stage: str, batch: dict[str, Any], out: dict[str, Any],
                      chosen: Sequence[tuple[int, str]], group_sizes: list[int],
-                     step: Optional[int] = None) -> None:
+                     step: Optional[int] = None) -> dict[str, Heatmap]:
         """The heatmaps of the ``chosen`` rows of ``batch`` (each with its label), whose
         prompt groups have ``group_sizes`` rows (a tree batch's shared tokens are
-        coloured by the mean over all the rows through their node)."""
+        coloured by the mean over all the rows through their node), logged; by tag."""
         step = module.rollout_step if step is None else step
         rows, labels = [row for row, _ in chosen], [label for _, label in chosen]
         tree = " · shared segments: the mean over their rows" if "tree_node_ids" in batch else ""
+        drawn = {}
         correction = module.ppo_config.rollout_correction
         correction = None if correction is None else correction.kwargs()
         for key, suffix in ADVANTAGE_KEYS.items():
@@ -154,6 +155,8 @@ class HeatmapLog:
                                         title=f"{tag} · step {step} · {TITLES[key]}{tree}")
             for logger in image_loggers(module):
                 log_image(logger, tag, heatmap.image, step)
+            drawn[tag] = heatmap
+        return drawn
 
 
 def chosen_groups(groups: Sequence[Sequence[Any]], count: int) -> list[int]:
