@@ -52,7 +52,8 @@ class TreePaths:
 
 
 def _fail(where: str, what: str) -> None:
-    raise ValueError(f"{where}: {KEY}: {what}")
+    # ``where`` names the caller and the key: "estimator 'x': rollout batch 'tree_node_ids'"
+    raise ValueError(f"{where}: {what}")
 
 
 def _rows(mask: Tensor) -> list[int]:
@@ -170,12 +171,7 @@ def _check_shared_tokens(token_node: Tensor, run: Tensor, global_paths: Tensor,
         _fail(where, f"expected rows passing {name(node)} to hold the same "
                      f"tokens there, got rows {_rows(passing)} with "
                      f"{sorted(set(sizes[global_paths == node].tolist()))} generated tokens of it")
-    # each generated token's place in its node: tokens of the row so far minus those
-    # before the node's first token
-    count = active.long().cumsum(dim=1)
-    before = torch.nn.functional.pad(run.cummax(dim=1).values[:, :-1], (1, 0), value=-1)
-    start = torch.where(active & (run != before), count - 1, 0).cummax(dim=1).values
-    offset = torch.where(active, count - 1 - start, 0)
+    offset = _offsets(run)
     table = torch.zeros(n_nodes, int(longest.max()), dtype=input_ids.dtype,
                         device=input_ids.device)
     table[token_node[active], offset[active]] = input_ids[active]
@@ -185,6 +181,32 @@ def _check_shared_tokens(token_node: Tensor, run: Tensor, global_paths: Tensor,
         _fail(where, f"expected rows passing {name(node)} to hold the same "
                      f"tokens there, got different input_ids in rows "
                      f"{_rows((global_paths == node).any(dim=1))}")
+
+
+def _offsets(run: Tensor) -> Tensor:
+    """Each generated token's place in its node (0, 1, ...; 0 elsewhere): the row's
+    generated tokens so far minus those before the node's first token."""
+    active = run >= 0
+    count = active.long().cumsum(dim=1)
+    before = torch.nn.functional.pad(run.cummax(dim=1).values[:, :-1], (1, 0), value=-1)
+    start = torch.where(active & (run != before), count - 1, 0).cummax(dim=1).values
+    return torch.where(active, count - 1 - start, 0)
+
+
+def node_means(paths: TreePaths, values: Tensor) -> Tensor:
+    """``values`` ([B, T], token-aligned) with each generated token's value replaced by the
+    mean, over the rows passing its node, of their values at the same place in the node
+    (what a sum over those rows gives the token, divided by their count); 0 elsewhere."""
+    active = paths.token_node >= 0
+    offset = _offsets(paths.token_depth)
+    width = int(offset.max()) + 1
+    cell = paths.token_node.clamp(min=0) * width + offset
+    sums = torch.zeros(paths.n_nodes * width, dtype=torch.float64, device=values.device)
+    sums.index_add_(0, cell[active], values.double()[active])
+    counts = torch.zeros_like(sums).index_add_(0, cell[active], torch.ones_like(
+        values, dtype=torch.float64)[active])
+    means = sums[cell] / counts[cell].clamp(min=1)
+    return torch.where(active, means, 0.0).to(values.dtype)
 
 
 def check_tree_ids(tree_ids: Optional[Tensor], row_group: Tensor, where: str) -> Tensor:
@@ -208,12 +230,15 @@ def check_tree_ids(tree_ids: Optional[Tensor], row_group: Tensor, where: str) ->
 
 
 def tree_paths(node_ids: Tensor, loss_mask: Tensor, input_ids: Tensor, row_group: Tensor,
-               tree_ids: Optional[Tensor] = None, where: str = "tree") -> TreePaths:
+               tree_ids: Optional[Tensor] = None, where: str = "tree", key: str = KEY
+               ) -> TreePaths:
     """The checked trees of a batch (module docstring): ``node_ids``, ``loss_mask`` and
-    ``input_ids`` token-aligned [B, T]; ``row_group`` [B] each row's prompt group."""
+    ``input_ids`` token-aligned [B, T]; ``row_group`` [B] each row's prompt group. An
+    error names ``where`` and ``key`` (what ``node_ids`` is called there)."""
     active = loss_mask.bool()
     ids = torch.where(active, node_ids.long(), -1)
     row_tree = check_tree_ids(tree_ids, row_group, where)
+    where = f"{where}: {key}"
     paths, lengths, run = _local_paths(ids, active, where)
     present = paths >= 0
     group = row_group[:, None].expand_as(paths)

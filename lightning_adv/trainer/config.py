@@ -71,7 +71,8 @@ class SampleLogConfig:
     """prompt groups drawn in each advantage heatmap (train/advantage_heatmap, IMAGES tab;
     groups whose rewards differ first; 0: no heatmaps)"""
     heatmap_responses: int = 4
-    """responses drawn per prompt group (validation: the greedy one and samples)"""
+    """responses drawn per prompt group (validation: the greedy one and samples; a tree
+    batch (``ppo.tree``): its first leaves in path order, each shared prefix drawn once)"""
 
     def __post_init__(self) -> None:
         check_int("sample_log.every_n_steps", self.every_n_steps, minimum=0)

@@ -4,7 +4,8 @@
 a cell holding its text, coloured by its advantage on a diverging colour map centred at 0
 (blue above, red below, white at 0; one symmetric scale for the whole image, shown by a
 colour bar). Tokens the policy did not generate (a multi-turn environment's replies) are
-grey, and a black bar marks the start of each later policy turn. With ``process_rewards``
+grey, and a black bar marks the start of each later policy turn. With ``tree_node_ids``
+(tree rollouts) each shared prefix is drawn once and a green mark starts each segment. With ``process_rewards``
 a strip under each line shows them, with ``values`` another shows the critic's values,
 and ``strips`` adds the token entropy, the log importance weight and the rejection mask
 of off-policy training, each on its own scale and colour bar. Long responses wrap.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 import numpy as np
@@ -26,6 +28,7 @@ from torch import Tensor
 from lightning_adv._checks import check_int, check_number, fail
 from lightning_adv.visualize.heatmap_data import (
     NAMED_STRIPS, QUANTITIES, Heatmap, Response, RowInputs)
+from lightning_adv.visualize.heatmap_trees import RowTree, read_trees
 
 PLOT_EXTRA = "pip install 'lightning_adv[plot]'"
 
@@ -33,7 +36,8 @@ PLOT_EXTRA = "pip install 'lightning_adv[plot]'"
 def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mask: Any, *,
                       labels: Optional[Sequence[str]] = None, process_rewards: Any = None,
                       values: Any = None, turn_ids: Any = None,
-                      strips: Optional[Mapping[str, Any]] = None, title: Optional[str] = None,
+                      strips: Optional[Mapping[str, Any]] = None, tree_node_ids: Any = None,
+                      tree_groups: Any = None, title: Optional[str] = None,
                       limit: Optional[float] = None, width: int = 64, max_tokens: int = 256,
                       dpi: int = 100) -> Heatmap:
     """Draw responses token by token, coloured by advantage.
@@ -57,6 +61,11 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
             entropy where the token was sampled, on ``[0, largest]``), ``"log IS weight"``
             (``log pi_old - log pi_rollout`` of an off-policy token, centred at 0) and
             ``"rejected"`` (1 where rollout rejection masked the token out, on ``[0, 1]``).
+        tree_node_ids: per row, the tree node of each generated token, -1 elsewhere: each
+            shared prefix drawn once, a shared token coloured by the mean advantage of the
+            rows through its node (:mod:`~lightning_adv.visualize.heatmap_trees`).
+        tree_groups: with ``tree_node_ids``, per row its prompt group (int or str; the
+            rows of a group consecutive): node ids are compared within a group.
         title: the line above the image.
         limit: the advantage colour scale, ``[-limit, limit]`` (default: the largest
             absolute advantage shown; beyond it colours saturate).
@@ -75,17 +84,24 @@ def advantage_heatmap(tokens: Sequence[Sequence[str]], advantages: Any, loss_mas
     if limit is not None:
         check_number("advantage_heatmap limit", limit, positive=True)
     responses = read_responses(RowInputs(tokens, advantages, loss_mask, labels,
-                                         process_rewards, values, turn_ids, strips), max_tokens)
+                                         process_rewards, values, turn_ids, strips,
+                                         tree_node_ids, tree_groups), max_tokens)
     try:
         from lightning_adv.visualize.heatmap_drawing import draw
     except ImportError as exc:
         raise ImportError(f"advantage_heatmap needs matplotlib ({PLOT_EXTRA}): {exc}") from exc
+    return draw(responses, _scales(responses, limit), title, width, dpi)
+
+
+def _scales(responses: list[Response], limit: Optional[float]) -> dict[str, tuple[float, float]]:
+    """Each drawn quantity's colour scale: the advantage's ``[-limit, limit]`` (default: the
+    largest absolute advantage shown), then each strip's."""
     largest = limit if limit is not None else _largest(responses, None)
     scales = {"advantage": (-largest, largest)}
     for name, quantity in QUANTITIES.items():
         if any(name in r.strips for r in responses):
             scales[name] = _scale(quantity.scale, _largest(responses, name))
-    return draw(responses, scales, title, width, dpi)
+    return scales
 
 
 def _scale(kind: str, largest: float) -> tuple[float, float]:
@@ -117,16 +133,38 @@ def read_responses(given: RowInputs, max_tokens: int) -> list[Response]:
     strips = {name: per_row(argument_name(name), x, lengths)
               for name, x in given_strips.items() if x is not None}
     turns = per_row("turn_ids", turn_ids, lengths) if turn_ids is not None else None
+    trees = _trees(given, lengths, rows, mask, advs)
     out = []
     for b, row in enumerate(rows):
         _check_finite(b, mask[b], {"advantages": advs[b],
                                    **{argument_name(k): v[b] for k, v in strips.items()}})
         first = mask[b].index(True) if True in mask[b] else len(row)
         shown = list(range(first, min(len(row), first + max_tokens)))
-        out.append(Response(str(labels[b]), row, advs[b], mask[b], shown,
+        response = Response(str(labels[b]), row, advs[b], mask[b], shown,
                             len(row) - first - len(shown), {k: v[b] for k, v in strips.items()},
-                            _turn_starts(mask[b], turns[b] if turns else None, shown)))
+                            _turn_starts(mask[b], turns[b] if turns else None, shown))
+        if trees:
+            response = replace(response, advantages=trees[b].advantages,
+                               drawn_before=trees[b].drawn_before,
+                               segment_starts=trees[b].segment_starts,
+                               new_tree=trees[b].first_of_group)
+        out.append(response)
     return out
+
+
+def _trees(given: RowInputs, lengths: list[int], rows: list[list[str]],
+           mask: list[list[bool]], advs: list[list[float]]) -> list[RowTree]:
+    """Each row's place in its tree (:mod:`~lightning_adv.visualize.heatmap_trees`), none
+    without ``tree_node_ids``; checked after the advantages are (finite where generated)."""
+    if given.tree_node_ids is None:
+        if given.tree_groups is not None:
+            fail("advantage_heatmap tree_groups", "None without tree_node_ids",
+                 "per-row groups")
+        return []
+    for b in range(len(rows)):
+        _check_finite(b, mask[b], {"advantages": advs[b]})
+    return read_trees(per_row("tree_node_ids", given.tree_node_ids, lengths),
+                      given.tree_groups, mask, rows, advs)
 
 
 def argument_name(strip: str) -> str:

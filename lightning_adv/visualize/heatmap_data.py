@@ -4,8 +4,8 @@ matplotlib)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
@@ -46,6 +46,11 @@ class TokenCell:
     box: tuple[int, int, int, int]
     """pixel box ``(x0, y0, x1, y1)`` of the token's coloured cell, ``image[y0:y1, x0:x1]``
     (y down, as in the image array; strips not included)"""
+    advantage: Optional[float] = None
+    """the advantage its colour shows (a shared tree node's token: the mean over the rows
+    through the node); None for a token the policy did not generate"""
+    segment_start: bool = False
+    """a tree segment starts at the cell (``tree_node_ids``): a mark on its left edge"""
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class Heatmap:
     limit: float
     """the advantage colour scale: ``-limit`` is the darkest red, ``+limit`` the darkest blue"""
     cells: tuple[TokenCell, ...]
-    """the drawn token cells (generated and environment tokens), in input order"""
+    """the drawn token cells (generated and environment tokens), in input order; a tree's
+    shared tokens only in the first row that passes them"""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class RowInputs:
     values: Any = None
     turn_ids: Any = None
     strips: Any = None
+    tree_node_ids: Any = None
+    tree_groups: Any = None
 
 
 @dataclass(frozen=True)
@@ -92,3 +100,9 @@ class Response:
     strips: dict[str, list[float]]
     turn_starts: set[int]
     """positions where a later policy turn starts"""
+    drawn_before: int = 0
+    """positions before this one are a tree's nodes that an earlier row drew: left empty"""
+    segment_starts: set[int] = field(default_factory=set)
+    """positions where one of the row's own tree segments starts"""
+    new_tree: bool = False
+    """the row starts a tree group other than the row above's: a line above it"""

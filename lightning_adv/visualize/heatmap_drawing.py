@@ -38,6 +38,8 @@ BAR_W, BAR_GAP = 0.13, 0.85
 MAX_TOKEN_CHARS = 12
 MIN_WIDTH = 32          # characters: room for the labels
 ENVIRONMENT = (0.82, 0.82, 0.82)
+SEGMENT = (0.0, 0.62, 0.23)   # the mark starting a tree segment (turn bars are black)
+SEPARATOR = "0.55"            # the line between tree groups
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
@@ -110,18 +112,19 @@ def draw(responses: list[Response], scales: dict[str, tuple[float, float]],
     norms = {name: Normalize(low, high) for name, (low, high) in scales.items()}
     maps = {name: colormaps[QUANTITIES[name].colour_map] for name in scales}
     colouring = Colouring(tuple(strips), norms, maps, line_h)
-    drawn: list[tuple[int, Placed, float]] = []
+    drawn: list[tuple[int, Response, Placed, float]] = []
     patches = Patches()
     top = 0.0
     for b, (response, cells, height) in enumerate(zip(responses, layouts, heights)):
+        if response.new_tree and b:
+            middle = top - RESPONSE_GAP / 2
+            patches.separators.append([(0, middle), (width, middle)])
+        # a tree's tokens that an earlier row drew keep their places, empty
+        cells = [cell for cell in cells if cell.position >= response.drawn_before]
         _draw_response(ax, patches, colouring, response, cells, top)
-        drawn.extend((b, cell, top + LABEL_H + cell.line * line_h) for cell in cells)
+        drawn.extend((b, response, cell, top + LABEL_H + cell.line * line_h) for cell in cells)
         top += height
-    # one collection: adding hundreds of patches one by one costs more than drawing them
-    ax.add_collection(PatchCollection(patches.rectangles, facecolors=patches.colours,
-                                      edgecolors="white", linewidths=patches.widths, zorder=1))
-    ax.add_collection(LineCollection(patches.bars, colors="black", linewidths=2.0,
-                                     capstyle="butt", zorder=2))
+    patches.add_to(ax)
     if title:
         fig.text(0.1 / fig_w, 1 - 0.22 / fig_h, title, fontsize=9, weight="bold",
                  parse_math=False)
@@ -132,13 +135,14 @@ def draw(responses: list[Response], scales: dict[str, tuple[float, float]],
         warnings.filterwarnings("ignore", "Glyph .* missing", UserWarning)
         canvas.draw()
     image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
-    boxes = tuple(_cell_box(ax, b, cell, y, image.shape[0]) for b, cell, y in drawn)
+    boxes = tuple(_cell_box(ax, b, response, cell, y, image.shape[0])
+                  for b, response, cell, y in drawn)
     return Heatmap(figure=fig, image=image, limit=scales["advantage"][1], cells=boxes)
 
 
 class Patches:
-    """The cells' rectangles, fill colours and edge widths, and the turn bars: each kind
-    drawn as one collection."""
+    """The cells' rectangles, fill colours and edge widths, the turn bars, the tree segment
+    marks and the lines between trees: each kind drawn as one collection."""
 
     def __init__(self) -> None:
         self.rectangles: list[Rectangle] = []
@@ -146,20 +150,34 @@ class Patches:
         self.widths: list[float] = []
         self.bars: list[list[tuple[float, float]]] = []
         """the turn bars' end points"""
+        self.segments: list[list[tuple[float, float]]] = []
+        self.separators: list[list[tuple[float, float]]] = []
 
     def add(self, x: float, y: float, w: float, h: float, colour: tuple, width: float) -> None:
         self.rectangles.append(Rectangle((x, y), w, h))
         self.colours.append(colour)
         self.widths.append(width)
 
+    def add_to(self, ax) -> None:
+        # one collection each: adding hundreds of patches one by one costs more than
+        # drawing them
+        ax.add_collection(PatchCollection(self.rectangles, facecolors=self.colours,
+                                          edgecolors="white", linewidths=self.widths, zorder=1))
+        ax.add_collection(LineCollection(self.bars, colors="black", linewidths=2.0,
+                                         capstyle="butt", zorder=2))
+        ax.add_collection(LineCollection(self.segments, colors=[SEGMENT], linewidths=1.5,
+                                         capstyle="butt", zorder=3))
+        ax.add_collection(LineCollection(self.separators, colors=SEPARATOR, linewidths=0.8,
+                                         zorder=2))
+
 
 def _draw_response(ax, patches: Patches, colouring: Colouring, response: Response,
                    cells: list[Placed], top: float) -> None:
     strips, norms, maps, line_h = (colouring.strips, colouring.norms, colouring.maps,
                                    colouring.line_h)
-    ax.text(0, top + LABEL_H * 0.7, label_text(response, len(cells)), fontsize=8,
+    ax.text(0, top + LABEL_H * 0.7, label_text(response, len(response.positions)), fontsize=8,
             weight="bold", parse_math=False)
-    if not cells:
+    if not response.positions:
         ax.text(0, top + LABEL_H + TOKEN_H * 0.7, "(no generated token)", fontsize=8,
                 style="italic", parse_math=False)
     lines = {cell.line for cell in cells}
@@ -184,6 +202,8 @@ def _draw_response(ax, patches: Patches, colouring: Colouring, response: Respons
             patches.add(cell.x, y + TOKEN_H + STRIP_H * k, cell.width, STRIP_H, fill, 0.3)
         if i in response.turn_starts:
             patches.bars.append([(cell.x, y - 0.02), (cell.x, y + line_h - LINE_GAP + 0.02)])
+        if i in response.segment_starts:
+            patches.segments.append([(cell.x, y - 0.04), (cell.x, y + TOKEN_H + 0.04)])
 
 
 def label_text(response: Response, shown: int) -> str:
@@ -212,8 +232,12 @@ def _colour_bars(fig: Figure, scales: dict, norms: dict, maps: dict, fig_w: floa
         x += BAR_W + BAR_GAP
 
 
-def _cell_box(ax, row: int, cell: Placed, y: float, height: int) -> TokenCell:
-    """The cell's pixel box in the image (y down), rounded inwards."""
+def _cell_box(ax, row: int, response: Response, cell: Placed, y: float,
+              height: int) -> TokenCell:
+    """The cell's record: its pixel box in the image (y down), rounded inwards."""
     (x0, y0), (x1, y1) = ax.transData.transform([(cell.x, y + TOKEN_H), (cell.x + cell.width, y)])
     box = (int(np.ceil(x0)), int(np.ceil(height - y1)), int(np.floor(x1)), int(np.floor(height - y0)))
-    return TokenCell(row=row, position=cell.position, box=box)
+    i = cell.position
+    return TokenCell(row=row, position=i, box=box,
+                     advantage=response.advantages[i] if response.generated[i] else None,
+                     segment_start=i in response.segment_starts)

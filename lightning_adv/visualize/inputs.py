@@ -17,6 +17,7 @@ from torch import Tensor
 
 from lightning_adv._checks import fail
 from lightning_adv.losses.rollout_correction import rollout_correction
+from lightning_adv.ops.trees import node_means, tree_paths
 
 
 def token_aligned(x: Tensor) -> Tensor:
@@ -34,7 +35,8 @@ def token_aligned(x: Tensor) -> Tensor:
 def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
                    token_text: Callable[[int], str], rows: Optional[Sequence[int]] = None, *,
                    advantages_key: str = "advantages",
-                   correction: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+                   correction: Optional[Mapping[str, Any]] = None,
+                   group_sizes: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """The keyword arguments of :func:`~lightning_adv.visualize.advantage_heatmap` for the
     ``rows`` (default: all) of a SPEC §1 rollout ``batch`` and the ``AdvantageModule``
     output ``out``: each row's token texts (``token_text(id)``, up to its last real token),
@@ -45,7 +47,11 @@ def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
     the batch's ``entropies`` (next-token aligned, as ``logprobs``) when it has them; with
     ``out["rollout_logprobs"]`` (a decoupled off-policy batch) each token's log importance
     weight, and with a ``correction`` (a ``RolloutCorrectionConfig``'s ``kwargs()``) that
-    rejects, the tokens its rejection masks out."""
+    rejects, the tokens its rejection masks out.
+
+    A tree batch (``tree_node_ids``) needs ``group_sizes`` (``meta.traj_group_sizes``):
+    its rows get ``tree_node_ids``, ``tree_groups`` and, on each shared token, the mean
+    advantage over all the batch's rows through its node, not only the chosen ones'."""
     for key in ("input_ids", "attention_mask", "loss_mask"):
         if not isinstance(batch.get(key), Tensor):
             fail(f"heatmap_inputs batch[{key!r}]", "a [B, T] tensor (the rollout batch)",
@@ -66,11 +72,14 @@ def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
 
     lengths = pick(batch["attention_mask"]).long().sum(1).tolist()
     ids = pick(batch["input_ids"]).tolist()
+    advantages = token_aligned(out[advantages_key].detach().float())
     inputs: dict[str, Any] = {
         "tokens": [[token_text(t) for t in row[:n]] for row, n in zip(ids, lengths)],
-        "advantages": token_aligned(pick(out[advantages_key]).float()),
+        "advantages": pick(advantages),
         "loss_mask": pick(batch["loss_mask"]).float(),
     }
+    if isinstance(batch.get("tree_node_ids"), Tensor):
+        inputs.update({k: pick(x) for k, x in _tree_inputs(batch, advantages, group_sizes).items()})
     if isinstance(batch.get("token_rewards"), Tensor):
         inputs["process_rewards"] = pick(batch["token_rewards"]).float()
     if isinstance(batch.get("values"), Tensor):
@@ -83,6 +92,34 @@ def heatmap_inputs(batch: Mapping[str, Any], out: Mapping[str, Any],
     if strips:
         inputs["strips"] = {name: token_aligned(pick(x).float()) for name, x in strips.items()}
     return inputs
+
+
+def _tree_inputs(batch: Mapping[str, Any], advantages: Tensor,
+                 group_sizes: Optional[Sequence[int]]) -> dict[str, Tensor]:
+    """Every row's ``advantages`` (each shared token's the mean over the rows through its
+    node), ``tree_node_ids`` (-1 off generated tokens) and ``tree_groups`` ([B])."""
+    generated = batch["loss_mask"] > 0
+    node_ids = torch.where(generated, batch["tree_node_ids"].long(), -1)
+    row_group = _row_groups(group_sizes, generated.shape[0], generated.device)
+    paths = tree_paths(node_ids, batch["loss_mask"], batch["input_ids"], row_group,
+                       batch.get("tree_ids"), where="heatmap_inputs")
+    advantages = advantages.to(generated.device)
+    means = node_means(paths, advantages)
+    return {"advantages": torch.where(generated, means, advantages), "tree_node_ids": node_ids,
+            "tree_groups": row_group}
+
+
+def _row_groups(group_sizes: Optional[Sequence[int]], count: int, device: torch.device
+                ) -> Tensor:
+    """[B] each row's prompt group, from ``group_sizes`` (checked to cover the batch)."""
+    if (not isinstance(group_sizes, Sequence) or not group_sizes
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in group_sizes)
+            or sum(group_sizes) != count):
+        fail("heatmap_inputs group_sizes", f"the rows of each prompt group, positive integers "
+             f"summing to the batch's {count} rows (meta.traj_group_sizes; the batch has "
+             f"'tree_node_ids')", group_sizes)
+    return torch.repeat_interleave(torch.arange(len(group_sizes), device=device),
+                                   torch.tensor(list(group_sizes), device=device))
 
 
 def off_policy_strips(out: Mapping[str, Any], correction: Optional[Mapping[str, Any]]

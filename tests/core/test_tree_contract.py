@@ -1,5 +1,6 @@
 """The tree batch contract (``tree_node_ids``, ``tree_ids``): each bad input is one error
-naming the stage, the key and what is wrong, before any advantage is computed."""
+naming the stage, the key and what is wrong, before any advantage is computed; and
+node_means, the per-node mean the heatmaps of trees colour shared tokens with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from lightning_adv import AdvantageModule, RolloutGroup, concat_batch
+from lightning_adv.ops.trees import node_means, tree_paths
 from lightning_adv.recipes import recipe
 from tests.support.tree_batches import tree_batch
 
@@ -145,3 +147,26 @@ def test_treerl_needs_two_rows_per_group():
     fails(tree_batch([row([0, 1]), row([0, 2]), row([0], group=1)]), r"estimator 'treerl': "
           r"TreeRL's leave-one-out leaf rewards need two or more rows per prompt group; groups "
           r"\[1\] have one", "treerl")
+
+
+def test_node_means_average_each_place_of_a_node_over_the_rows_through_it():
+    # token-aligned rows: a prompt token, then nodes. Row 1 has a masked span (9) inside
+    # node 0, so its node 0 tokens are at positions 1 and 3; row 2 is prompt group 1's
+    # node 0, another node though it has the same id.
+    mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 1, 0, 1, 1, 1], [0, 1, 0, 0, 0, 0]])
+    ids = torch.tensor([[-1, 0, 0, 1, -1, -1], [-1, 0, -1, 0, 2, 2], [-1, 0, -1, -1, -1, -1]])
+    tokens = torch.tensor([[7, 1, 2, 3, 0, 0], [7, 1, 9, 2, 4, 5], [7, 6, 0, 0, 0, 0]])
+    values = torch.tensor([[5.0, 1.0, 2.0, 3.0, 0.0, 0.0], [5.0, 3.0, 9.0, 4.0, 6.0, 7.0],
+                           [5.0, 10.0, 0.0, 0.0, 0.0, 0.0]])
+    paths = tree_paths(ids, mask, tokens, torch.tensor([0, 0, 1]))
+    means = node_means(paths, values)
+    # node 0 of group 0: place 0 (1 + 3) / 2, place 1 (2 + 4) / 2; the others their own
+    assert means.tolist() == [[0.0, 2.0, 3.0, 3.0, 0.0, 0.0], [0.0, 2.0, 0.0, 3.0, 6.0, 7.0],
+                              [0.0, 10.0, 0.0, 0.0, 0.0, 0.0]]
+    assert values[1, 2] == 9.0 and means.dtype == values.dtype   # the input is unchanged
+
+
+def test_tree_paths_errors_name_the_caller_s_key():
+    with pytest.raises(ValueError, match="^advantage_heatmap: tree_node_ids: expected an id >= 0"):
+        tree_paths(torch.tensor([[-1, -2]]), torch.tensor([[0, 1]]), torch.tensor([[1, 2]]),
+                   torch.tensor([0]), where="advantage_heatmap", key="tree_node_ids")

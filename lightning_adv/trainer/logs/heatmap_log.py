@@ -15,6 +15,12 @@ training steps and at each validation:
   the greedy response and the evaluation's samples, through the same advantage module
   (process scorers and critic included); the greedy response first, then samples.
 
+Under ``ppo.tree`` the training image draws the first ``heatmap_responses`` leaves of each
+chosen prompt's tree in path order (whole subtrees first): each shared prefix once, a mark
+at each segment's start, a shared token coloured by the mean of the advantages over all
+the batch's rows through its node; a line between prompts. The evaluation's independent
+responses are one-node trees: nothing shared.
+
 Drawing needs matplotlib (the ``plot`` extra); without it one line says so and the
 images are skipped. Loggers with ``experiment.add_image`` (TensorBoard) or ``log_image``
 (Weights & Biases, ...) receive them; with neither, nothing is drawn.
@@ -31,7 +37,7 @@ from typing import Any, Optional
 from lightning_adv.trainer.data import generator
 from lightning_adv.trainer.logs.sample_log import SampleLogConfig
 from lightning_adv.trainer.rollout.batch import score
-from lightning_adv.visualize import advantage_heatmap, heatmap_inputs
+from lightning_adv.visualize import Heatmap, advantage_heatmap, heatmap_inputs
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +78,22 @@ class HeatmapLog:
         return not self.missing
 
     def training(self, module: Any, batch: dict[str, Any], out: dict[str, Any],
-                 groups: Sequence[Sequence[Any]]) -> None:
+                 groups: Sequence[Sequence[Any]]) -> dict[str, Heatmap]:
         """``train/advantage_heatmap[_raw]`` of the step's rollout ``batch`` of ``groups`` and
-        its advantages ``out``."""
+        its advantages ``out``; the heatmaps drawn, by tag."""
         if module.global_rank != 0 or not self.wanted(module):
-            return
-        rows, labels = [], []
+            return {}
+        chosen = []
         offsets = [0]
         for group in groups:
             offsets.append(offsets[-1] + len(group))
+        kind = "leaf" if "tree_node_ids" in batch else "response"
         for g in chosen_groups(groups, self.config.heatmap_groups):
+            # a tree's first leaves in path order: whole subtrees, then part of the next
             for s, ep in enumerate(groups[g][: self.config.heatmap_responses]):
-                rows.append(offsets[g] + s)
-                labels.append(f"prompt {ep.index} · group {g} · response {s} · "
-                              f"{reward_text(ep.reward)}")
-        self.draw_and_log(module, "train", batch, out, rows, labels)
+                chosen.append((offsets[g] + s, f"prompt {ep.index} · group {g} · {kind} {s} · "
+                                               f"{reward_text(ep.reward)}"))
+        return self.draw_and_log(module, "train", batch, out, chosen, [len(g) for g in groups])
 
     def evaluation(self, module: Any, stage: str, greedy: Sequence[Sequence[Any]],
                    sampled: Sequence[Sequence[Any]], step: Optional[int] = None) -> None:
@@ -117,30 +124,39 @@ class HeatmapLog:
                                kl_coef=module.kl_controller.value)
         if module.global_rank != 0:
             return
-        rows, labels, start = [], [], 0
+        chosen, start = [], 0
         for g, group in enumerate(groups):
             for s, ep in enumerate(group[: self.config.heatmap_responses]):
-                rows.append(start + s)
                 kind = "greedy" if s == 0 else f"sample {s}"
-                labels.append(f"prompt {ep.index} · group {g} · {kind} · {reward_text(ep.reward)}")
+                chosen.append((start + s, f"prompt {ep.index} · group {g} · {kind} · "
+                                          f"{reward_text(ep.reward)}"))
             start += len(group)
-        self.draw_and_log(module, stage, batch, out, rows, labels, step)
+        self.draw_and_log(module, stage, batch, out, chosen, [len(g) for g in groups], step)
 
     def draw_and_log(self, module: Any, stage: str, batch: dict[str, Any], out: dict[str, Any],
-                     rows: list[int], labels: list[str], step: Optional[int] = None) -> None:
+                     chosen: Sequence[tuple[int, str]], group_sizes: list[int],
+                     step: Optional[int] = None) -> dict[str, Heatmap]:
+        """The heatmaps of the ``chosen`` rows of ``batch`` (each with its label), whose
+        prompt groups have ``group_sizes`` rows (a tree batch's shared tokens are
+        coloured by the mean over all the rows through their node), logged; by tag."""
         step = module.rollout_step if step is None else step
+        rows, labels = [row for row, _ in chosen], [label for _, label in chosen]
+        tree = " · shared segments: the mean over their rows" if "tree_node_ids" in batch else ""
+        drawn = {}
         correction = module.ppo_config.rollout_correction
         correction = None if correction is None else correction.kwargs()
         for key, suffix in ADVANTAGE_KEYS.items():
             if key not in out:
                 continue
             inputs = heatmap_inputs(batch, out, self.token_text, rows, advantages_key=key,
-                                    correction=correction)
+                                    correction=correction, group_sizes=group_sizes)
             tag = f"{stage}/advantage_heatmap{suffix}"
             heatmap = advantage_heatmap(**inputs, labels=labels,
-                                        title=f"{tag} · step {step} · {TITLES[key]}")
+                                        title=f"{tag} · step {step} · {TITLES[key]}{tree}")
             for logger in image_loggers(module):
                 log_image(logger, tag, heatmap.image, step)
+            drawn[tag] = heatmap
+        return drawn
 
 
 def chosen_groups(groups: Sequence[Sequence[Any]], count: int) -> list[int]:
