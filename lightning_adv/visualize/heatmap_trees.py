@@ -14,11 +14,10 @@ divided by their count. The checks are the batch contract's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import math
 
 import torch
 
