@@ -135,8 +135,9 @@ def realistic_inputs(bs: int, width: int, device: torch.device, seed: int = 0) -
 def with_stage_inputs(batch: dict, keys: frozenset, gen: torch.Generator) -> dict:
     """A new ``batch`` with the keys a config's stages require beyond the rollout's
     (``AdvantageModule.required_batch_keys``), drawn at random from ``gen``: ``entropies``
-    (in ``[0, 3)``) and ``mc_returns`` (two returns for each of a row's turns, NaN past
-    them); the synthetic batch has the others."""
+    (in ``[0, 3)``), ``mc_returns`` (two returns for each of a row's turns, NaN past
+    them) and ``tree_node_ids`` (each row its own one-node tree: the rows' tokens are
+    drawn independently, so no two share a prefix); the synthetic batch has the others."""
     batch = dict(batch)
     if "entropies" in keys:
         batch["entropies"] = torch.rand(batch["loss_mask"].shape, generator=gen) * 3
@@ -146,4 +147,7 @@ def with_stage_inputs(batch: dict, keys: frozenset, gen: torch.Generator) -> dic
         for b, n in enumerate(turns):
             table[b, :n] = torch.rand(n, 2, generator=gen)
         batch["mc_returns"] = table
+    if "tree_node_ids" in keys:
+        rows = torch.arange(batch["loss_mask"].shape[0])[:, None]
+        batch["tree_node_ids"] = torch.where(batch["loss_mask"] > 0, rows, -1)
     return batch
