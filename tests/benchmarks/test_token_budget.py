@@ -54,3 +54,24 @@ def test_regenerate_pages_names_an_unknown_page():
     run = subprocess.run([sys.executable, "scripts/regenerate_pages.py", "--only", "nope"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "no page with a command: nope" in run.stderr
+
+
+def test_a_page_calls_only_changes_outside_the_benchmarks_outputs_uncommitted(tmp_path):
+    # a clone of HEAD with the benchmark scripts, whose ROOT is the clone
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--depth", "1", f"file://{REPO}", str(clone)],
+                   check=True)
+    note = [sys.executable, "-c", "import harness; print(harness.commit_note())"]
+
+    def commit_note():
+        return subprocess.run(note, cwd=clone / "benchmarks", capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    head = commit_note()
+    assert re.fullmatch(r"[0-9a-f]{40}", head)
+    with (clone / "docs" / "benchmarks" / "index.md").open("a") as page:
+        page.write("a page just written\n")
+    assert commit_note() == head
+    with (clone / "benchmarks" / "README.md").open("a") as code:
+        code.write("a change a benchmark might measure\n")
+    assert commit_note() == f"{head} with uncommitted changes"
