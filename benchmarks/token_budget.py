@@ -63,8 +63,9 @@ def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
 
 
 def train(config: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> BudgetRun:
+    # every step's total is read: logged every step whatever the config says
     overrides = [f"--trainer.limit_train_batches={args.max_steps}",
-                 f"--trainer.callbacks+={BUDGET_CALLBACK}",
+                 "--trainer.log_every_n_steps=1", f"--trainer.callbacks+={BUDGET_CALLBACK}",
                  f"--trainer.callbacks.max_tokens={args.budget}"]
     seconds, log_dir = learning.run_config(config, runs_dir / f"{config}_seed{seed}", overrides,
                                            None, seed)

@@ -130,10 +130,10 @@ class PPOModule(ShardingHooks, pl.LightningModule):
         """training steps (rollouts) done so far; seeds the next step's generators, and is
         the policy version of what this step samples"""
         self.reward_history: list[float] = []
-        self.sampled_tokens = 0
-        """tokens sampled by the run's training steps so far, over all ranks
-        (``train/sampled_tokens_total``; :class:`~.run.callbacks.SampledTokenBudget`)"""
         """mean task reward of each training step of this process (for the run summary)"""
+        self.sampled_tokens = 0
+        """tokens sampled for the run's trained episodes so far, over all ranks
+        (``train/sampled_tokens_total``; :class:`~.run.callbacks.SampledTokenBudget`)"""
         self._loader: Optional[PromptLoader] = None
 
     # ------------------------------------------------------------------ Lightning hooks

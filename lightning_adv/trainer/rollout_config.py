@@ -80,8 +80,9 @@ class TreeConfig:
     branch_at: str = "fixed"
     """fixed: every path branches after each segment_tokens tokens; entropy (TreeRL's
     entropy-guided branching): each path is sampled to its end, then branches before its
-    most surprising token (the highest -log-prob under the sampler, segment_tokens or more
-    into its last segment), the sampled continuation kept as one of the branches"""
+    most surprising token (the highest -log p under the temperature-scaled distribution,
+    before top-k and top-p; segment_tokens or more into its last segment), the sampled
+    continuation kept as one of the branches"""
 
     def __post_init__(self) -> None:
         check_int("ppo.tree.segment_tokens", self.segment_tokens)

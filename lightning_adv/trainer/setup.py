@@ -348,12 +348,22 @@ def check_rollout_shape(actor: ActorConfig, ppo: PPOConfig, task: TaskConfig,
     if runtime.num_prompts < ppo.prompts_per_step:
         raise ValueError(f"task.num_prompts: the pool ({runtime.num_prompts}) is smaller than one "
                          f"step's prompts (ppo.prompts_per_step={ppo.prompts_per_step})")
-    rows = ppo.prompts_per_step // max(world_size, 1) * ppo.n_samples
+    # A tree whose every path ends in its first segment leaves `branches` rows per prompt.
+    per_prompt, what = ((ppo.n_samples, "ppo.n_samples") if ppo.tree is None else
+                        (ppo.tree.branches, "ppo.tree.branches, a tree whose paths all end early"))
+    rows = ppo.prompts_per_step // max(world_size, 1) * per_prompt
     if ppo.minibatches > rows:
         raise ValueError(f"ppo.minibatches: each minibatch needs at least one row, and a step has "
                          f"{rows} rows per rank (ppo.prompts_per_step {ppo.prompts_per_step} / "
-                         f"{world_size} rank(s) x ppo.n_samples {ppo.n_samples}), got "
+                         f"{world_size} rank(s) x {what} {per_prompt}), got "
                          f"{ppo.minibatches}")
+    if ppo.tree is not None and ppo.micro_batch_size is not None and world_size > 1:
+        # the micro-batches of a minibatch follow its rows, which a tree makes differ
+        # between ranks, and each micro-batch's loss is a collective
+        raise ValueError(f"ppo.micro_batch_size: with ppo.tree the ranks hold different "
+                         f"numbers of rows, so their micro-batches would not pair up across the "
+                         f"{world_size} ranks; set it to null (whole minibatches), got "
+                         f"{ppo.micro_batch_size}")
     estimator = selected_stage(actor, "estimator")
     if estimator is not None and "turn_ids" in estimator.requires and runtime.task.max_turns < 2:
         spec = actor.advantage.estimator

@@ -176,10 +176,6 @@ def test_fsdp2_trains_as_ddp_on_two_gpus(tiny_lm, tmp_path):
     ("hf_ppo", []),  # a value head on the shared trunk, the reward-side KL penalty
     ("hf_grpo_fsdp", ["--model.policy.lora.r=4",  # LoRA: the reference is the adapter-free policy
                       "--model.policy.lora.target_modules=[q_proj, v_proj]"]),
-    # tree rollouts: ranks branch different paths, so sampling calls must still pair up
-    ("hf_grpo_fsdp", ["--model.ppo.tree={segment_tokens: 2, branches: 2, depth: 2, "
-                      "branch_at: entropy}", "--model.actor.reward_norm=null",
-                      "--model.actor.advantage.estimator={implementation: treerl, kwargs: {}}"]),
 ])
 def test_fsdp2_trains_as_ddp_for_twenty_steps(config, extra, tiny_lm, tmp_path):
     steps = 20

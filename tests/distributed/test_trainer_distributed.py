@@ -74,3 +74,21 @@ def test_the_cli_destroys_the_process_group_it_leaves_open(tmp_path):
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "CLOSED"
+
+
+def test_ddp_trains_trees_whose_ranks_hold_different_numbers_of_rows(tmp_path):
+    # Paths that end early leave their rank fewer rows than the other: the update's
+    # collectives (gradient all-reduce, the loss's global counts) must still pair up.
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ddp_fit(CONFIGS / "tree_grpo.yaml", tmp_path, record, *SMALL,
+                   "--trainer.limit_train_batches=4", "--model.ppo.n_samples=8",
+                   "--model.ppo.tree={segment_tokens: 1, branches: 2, depth: 3}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [[torch.load(record / f"rank{r}_call{step}.pt", weights_only=True)["rewards"].shape[0]
+             for r in (0, 1)] for step in range(4)]
+    assert any(a != b for a, b in rows), rows   # the case this test is about happened
+    logged = scalars(tmp_path / "tree_grpo" / "version_0")
+    assert sorted(logged["train/policy_loss"]) == [0, 1, 2, 3]
+    totals = logged["train/sampled_tokens_total"]
+    assert totals[3] == pytest.approx(sum(logged["train/sampled_tokens"].values()))

@@ -246,3 +246,51 @@ def test_a_token_budget_stops_the_run_after_the_step_that_reaches_it(tmp_path, c
     assert run(10 ** 9, steps=3).rollout_step == 3
     with pytest.raises(ValueError, match="SampledTokenBudget.max_tokens: expected a positive"):
         SampledTokenBudget(0)
+
+
+def test_the_rollout_shape_counts_the_fewest_rows_a_tree_can_leave():
+    # 2 prompts x 2 branches: every path may end in its first segment
+    with pytest.raises(ValueError, match=r"ppo.minibatches: .* 4 rows per rank .*ppo.tree.branches"):
+        module({"segment_tokens": 2, "branches": 2, "depth": 2}, minibatches=5)
+    module({"segment_tokens": 2, "branches": 2, "depth": 2}, minibatches=4)
+
+
+def test_several_ranks_refuse_micro_batches_of_tree_rows():
+    from lightning_adv.trainer.setup import check_rollout_shape
+
+    model = module({"segment_tokens": 2, "branches": 2, "depth": 2}, micro_batch_size=2)
+    args = (model.actor_config, model.ppo_config, model.task_config, model.runtime)
+    check_rollout_shape(*args, world_size=1)
+    with pytest.raises(ValueError, match="ppo.micro_batch_size: with ppo.tree the ranks hold "
+                                         "different numbers of rows.*got 2"):
+        check_rollout_shape(*args, world_size=2)
+
+
+def test_fsdp2_refuses_tree_rollouts_naming_both():
+    from lightning_adv.trainer.policies.base import Policy
+    from lightning_adv.trainer.policies.sharding import FSDP2Strategy, configure_sharding
+
+    strategy = FSDP2Strategy()
+    one_rank = type("Mesh", (), {"size": lambda self: 1})()
+    strategy._device_mesh = {"tensor_parallel": one_rank, "data_parallel": one_rank}
+    with pytest.raises(ValueError, match="ppo.tree: .*--trainer.strategy=ddp"):
+        configure_sharding(strategy, Policy(), None, tree=True)
+
+
+def test_groups_of_unequal_size_still_read_each_shared_prefix_once():
+    # A tree that ends early leaves its group smaller; the scoring passes still get the
+    # rows' prompts (the smallest group's size), and the shared-prefix pass gives the
+    # plain pass's log-probs.
+    from lightning_adv.trainer.rollout.step import prompt_groups
+
+    model = module()
+    batch, meta = model.make_batch(model.rollout([0, 1, 2], generator(3, "rollout")))
+    assert len(set(meta.traj_group_sizes)) > 1
+    prompts = prompt_groups(batch, meta)
+    assert prompts is not None and prompts.size == min(meta.traj_group_sizes)
+    lengths = batch["attention_mask"].sum(1)
+    shared = model.policy.token_scores(batch["input_ids"], lengths, ScoreRequest(
+        frozenset({"logprobs"}), 1.0, prompts))["logprobs"]
+    plain = model.policy.token_scores(batch["input_ids"], lengths, ScoreRequest(
+        frozenset({"logprobs"})))["logprobs"]
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)

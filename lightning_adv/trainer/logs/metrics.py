@@ -59,7 +59,7 @@ class StepMetrics(nn.Module):
             self.means["vine_tokens"] = MeanMetric()
         # The step's sampling cost, the x axis of an equal-token-budget comparison
         # (benchmarks/token_budget.py): a sum over the step's episodes and ranks.
-        self.sampled_tokens = SumMetric()
+        self.sampled_tokens = SumMetric().set_dtype(torch.float64)  # exact past 2**24 tokens
         self.explained_variance = ExplainedVariance()
 
     def update(self, name: str, value: Tensor, weight: Optional[Tensor] = None) -> None:

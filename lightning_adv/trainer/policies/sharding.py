@@ -158,10 +158,11 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
                                                                  cpu_offload=True))
 
 
-def configure_sharding(strategy: Any, policy: Any, reference: Any) -> None:
+def configure_sharding(strategy: Any, policy: Any, reference: Any, tree: bool = False) -> None:
     """What ``PPOModule.configure_model`` does under ``strategy``: shard the policy under
     FSDP2 (:meth:`~lightning_adv.trainer.policies.base.Policy.shard`, which a policy that
-    cannot be sharded refuses); refuse the strategies the trainer cannot run sharded."""
+    cannot be sharded refuses); refuse the strategies the trainer cannot run sharded, and
+    FSDP2 with ``tree`` (``ppo.tree``)."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if isinstance(strategy, FSDPStrategy):
@@ -170,6 +171,13 @@ def configure_sharding(strategy: Any, policy: Any, reference: Any) -> None:
                          "--trainer.strategy=fsdp2 (FSDP2, fully_shard per decoder layer)")
     if not isinstance(strategy, ModelParallelStrategy):
         return
+    if tree:
+        # Every FSDP2 forward gathers weights, a collective: the ranks' passes must pair up,
+        # and how many a rank makes (scoring chunks, micro-batches, prefix levels) follows
+        # its row count, which a tree's early leaves make differ between ranks.
+        raise ValueError("ppo.tree: a tree's rows per rank vary (a path that ends early is a "
+                         "leaf), and FSDP2's passes are collectives every rank must make "
+                         "alike; use --trainer.strategy=ddp with ppo.tree, or ppo.tree: null")
     policy.shard(strategy, reference)
 
 
@@ -181,7 +189,8 @@ class ShardingHooks:
         """Under ``--trainer.strategy=fsdp2`` shard the Hugging Face policy, its critic and
         the reference policy (:func:`configure_sharding`); otherwise nothing."""
         if self._trainer is not None:
-            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy)
+            configure_sharding(self.trainer.strategy, self.policy, self.ref_policy,
+                               tree=self.ppo_config.tree is not None)
 
 
 def unsharded_lora_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:

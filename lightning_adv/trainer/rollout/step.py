@@ -168,14 +168,13 @@ class Rollout:
 
 
 def prompt_groups(batch: dict[str, Any], meta: BatchMeta) -> Optional[PromptGroups]:
-    """Each row's prompt length and the size of the groups of consecutive rows that share
-    their prompt (a prompt's samples), when every group has that size and every row a
-    generated token; else None."""
+    """Each row's prompt length and the smallest size of the groups of consecutive rows
+    that share their prompt (a prompt's samples; a tree's leaves, whose number varies),
+    when every row has a generated token; else None."""
     generated = batch["loss_mask"] > 0
-    sizes = set(meta.traj_group_sizes)
-    if len(sizes) != 1 or not bool(generated.any(1).all()):
+    if not meta.traj_group_sizes or not bool(generated.any(1).all()):
         return None
-    return PromptGroups(generated.int().argmax(1), sizes.pop())
+    return PromptGroups(generated.int().argmax(1), min(meta.traj_group_sizes))
 
 
 def sample_until_signal(rollout_fn: Callable[[list[int]], Groups], indices: list[int],

@@ -9,8 +9,8 @@ batch key ``tree_node_ids`` that the tree estimators (``tree_grpo``, ``treepo``,
   response's end (or the token limit).
 - ``branch_at: entropy`` (TreeRL's entropy-guided branching): ``branches`` whole responses;
   then, ``depth - 1`` times, every path branches before its most surprising token (the
-  highest ``-log p`` under the sampler: what the sampler's log-probs say of the entropy
-  there, with no second pass) at least ``segment_tokens`` into its last segment, keeping
+  highest ``-log p`` under the temperature-scaled distribution, before top-k and top-p:
+  a one-sample estimate of the entropy there, with no second pass) at least ``segment_tokens`` into its last segment, keeping
   its own continuation as one branch and sampling ``branches - 1`` more from there.
 
 Every branch continues its parent's tokens through
@@ -30,7 +30,6 @@ import torch
 
 from lightning_adv.trainer.config import PPOConfig, TreeConfig
 from lightning_adv.trainer.policies.base import GenerationRequest, Policy
-from lightning_adv.trainer.policies.sharding import is_sharded
 from lightning_adv.trainer.rollout.recipe_inputs import check_sampled_key, check_single_turn
 from lightning_adv.trainer.tasks.episode import Episode
 from lightning_adv.trainer.tasks.runtime import TaskRuntime
@@ -92,9 +91,9 @@ def _continue(policy: Policy, runtime: TaskRuntime, request: GenerationRequest,
               cuts: Sequence[tuple[_Path, int]], n: int, limit: int,
               gen: torch.Generator) -> list[list[Episode]]:
     """``n`` continuations of each path from its first ``cut`` generated tokens, in one
-    call. A sharded policy is called even with no path: its generate gathers the weights,
-    a collective every rank must join, and ranks hold different paths."""
-    if not cuts and not is_sharded(policy):
+    call (none without a path: ``ppo.tree`` is refused under FSDP2, whose generate would
+    be a collective every rank must join)."""
+    if not cuts:
         return []
     return policy.generate(runtime, replace(
         request, indices=[path.episode.index for path, _ in cuts], n_samples=n,

@@ -116,7 +116,11 @@ class SampledTokenBudget(Callback):
     (``train/sampled_tokens_total``: generated tokens, a tree's shared prefixes once,
     ``ppo.vine``'s continuations included), after the step that reaches it: runs of
     different samplers compared at an equal generated-token budget. The count is global
-    over ranks and kept in checkpoints, so a resumed run stops where the whole run would."""
+    over ranks and kept in checkpoints, so a resumed run stops where the whole run would.
+
+    It counts the episodes a step trains on: the groups ``ppo.dynamic_sampling`` drops,
+    ``ppo.greedy_baseline``'s greedy responses and held-out evaluation are not counted,
+    and with ``ppo.off_policy_steps`` a step counts the (older) rollout it trains on."""
 
     def __init__(self, max_tokens: int):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
