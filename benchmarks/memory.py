@@ -80,7 +80,10 @@ def episodes(batch: int, seq: int, vocab: int, group: int = 4) -> list[list[Any]
     padded), in prompt groups of ``group``."""
     import torch
 
-    from lightning_adv.trainer.tasks.episode import Episode
+    try:
+        from lightning_adv.trainer.tasks.episode import Episode
+    except ImportError:  # a baseline from before the trainer's sub-packages
+        from lightning_adv.trainer.sampling import Episode
 
     g = torch.Generator().manual_seed(0)
     groups = []
